@@ -1,0 +1,1 @@
+"""Triton kernels of sglang-pdd, imported as `sglang_pdd.kernels`."""

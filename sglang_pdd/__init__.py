@@ -1,0 +1,7 @@
+"""sglang-pdd: Prefill -> RelayDecode -> MainDecode disaggregation for SGLang.
+
+Importing the package is cheap and never imports sglang; the sglang hooks live in
+`sglang_pdd.plugin` and are loaded by sglang through its `sglang.srt.plugins` entry point.
+"""
+
+__version__ = "0.1.0"
