@@ -1,0 +1,4 @@
+"""Benchmark tools: the agentic workload generator (shared with the simulator), client, report.
+
+Importing this package is cheap: it imports no submodule, no sglang and no network library.
+"""
