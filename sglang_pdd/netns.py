@@ -19,10 +19,14 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
+from typing import Any, Callable, TypeVar
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 CLONE_NEWNET = 0x40000000
 NETNS_DIR = "/run/netns"
@@ -94,6 +98,30 @@ class NetNS:
                 raise NetnsError(f"setns({self.name}): {os.strerror(err)}")
         finally:
             os.close(fd)
+
+    def call(self, fn: Callable[..., T], *args: Any, timeout: float | None = None, **kwargs: Any) -> T:
+        """`fn(*args, **kwargs)` in a fresh thread that first enters this namespace; its result.
+
+        Sockets `fn` opens live in this namespace, the caller's thread stays where it is. The
+        thread ends with `fn`; exceptions propagate. On timeout a TimeoutError is raised and the
+        thread is left to finish on its own (it is a daemon thread)."""
+        box: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                self.enter()
+                box["result"] = fn(*args, **kwargs)
+            except BaseException as e:  # handed to the caller
+                box["error"] = e
+
+        t = threading.Thread(target=target, name=f"netns-{self.name}", daemon=True)
+        t.start()
+        t.join(timeout)
+        if t.is_alive():
+            raise TimeoutError(f"{getattr(fn, '__name__', fn)} in {self.name} still running after {timeout} s")
+        if "error" in box:
+            raise box["error"]
+        return box["result"]
 
     def pids(self) -> list[int]:
         """PIDs of the processes whose network namespace is this one."""

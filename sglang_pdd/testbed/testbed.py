@@ -16,6 +16,7 @@ else started inside the namespaces are stopped by the deletion (and logged): sto
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Iterator
 
 from ..netns import NetNS, netns_supported
 from . import link
@@ -47,9 +49,13 @@ def _other(side: str) -> str:
     return "B" if side == "A" else "A"
 
 
-def _package_root() -> str:
-    """The directory holding `sglang_pdd`, so daemons import this very copy of the package."""
-    return str(Path(__file__).resolve().parents[2])
+def _child_env() -> dict[str, str]:
+    """Our environment, with the directory holding this `sglang_pdd` first on PYTHONPATH, so the
+    daemons and probes we start import this very copy of the package."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    return env
 
 
 class Testbed:
@@ -187,8 +193,7 @@ class Testbed:
 
     def _start_daemons(self, st: RunState) -> None:
         cfg = self.config
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_root(), env.get("PYTHONPATH", "")) if p)
+        env = _child_env()
         pending: dict[str, tuple[subprocess.Popen, Path]] = {}
         for side in SIDES:
             tag = self.daemon_tag(side)
@@ -280,25 +285,35 @@ class Testbed:
             return 64 << 20
         return int(min(max((self.config.rate_mbit or 0) * 1e6 / 8 * 1.5, 8 << 20), 256 << 20))
 
+    @contextlib.contextmanager
+    def probe_server(self, side: str = "B") -> Iterator[int]:
+        """A probe server (TCP echo/bulk + UDP collector, see `probe`) on `addr(side)`; yields its port."""
+        server = subprocess.Popen(
+            self.ns(side).argv([sys.executable, "-m", "sglang_pdd.testbed.probe", "serve", "--host", self.addr(side)]),
+            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=_child_env(),
+        )
+        try:
+            line = server.stdout.readline().strip()  # type: ignore[union-attr]
+            if not line.isdigit():
+                raise TestbedError(f"probe server in {self.ns(side).name} did not start")
+            yield int(line)
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+
     def probe(self, rtt_count: int = 20, bulk_bytes: int | None = None, timeout_s: float = 120.0) -> ProbeReport:
         """Application-level RTT (TCP echo, A -> B) and bulk rate in each direction.
 
         A probe server runs in B, the client in A; both are stopped before this returns."""
         bulk = self.default_bulk_bytes() if bulk_bytes is None else bulk_bytes
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_root(), env.get("PYTHONPATH", "")) if p)
-        server = subprocess.Popen(
-            self.ns("B").argv([sys.executable, "-m", "sglang_pdd.testbed.probe", "serve", "--host", self.addr("B")]),
-            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env,
-        )
-        try:
-            port = int(server.stdout.readline().strip())  # type: ignore[union-attr]
+        with self.probe_server("B") as port:
             out = self.ns("A").run(
                 [sys.executable, "-m", "sglang_pdd.testbed.probe", "measure", "--host", self.addr("B"),
                  "--port", str(port), "--rtt-count", str(rtt_count), "--bulk-bytes", str(bulk)],
-                env=env, timeout=timeout_s,
+                env=_child_env(), timeout=timeout_s,
             ).stdout
-        finally:
-            server.terminate()
-            server.wait(timeout=5)
         return ProbeReport(**json.loads(out.strip().splitlines()[-1]))

@@ -1,0 +1,77 @@
+"""pytest fixtures for the two-cluster testbed.
+
+Import the fixtures into a conftest.py (pytest only honours `pytest_plugins` in the root one):
+
+    from sglang_pdd.testbed.pytest_plugin import testbed_factory, wan_testbed  # noqa: F401
+
+    def test_something(testbed_factory):
+        tb = testbed_factory(delay_ms=10, rate_mbit=1000)     # up, unique prefix, torn down at the end
+        proc = subprocess.Popen(tb.ns("B").argv([...]))
+
+Tests skip (with the reason) where the testbed cannot run: not root, no iproute2 (`ip`, `tc`), no
+iptables. Every testbed gets a prefix unique to this pytest process and its state goes to a pytest
+temp directory, so concurrent runs and an interrupted earlier run do not collide.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from ..netns import netns_supported
+from .link import tools_missing
+from .testbed import Testbed
+
+_counter = itertools.count()
+
+
+def why_no_testbed(backend: str = "nfqueue") -> str | None:
+    """Why the testbed cannot run here (None when it can)."""
+    ok, why = netns_supported()
+    if not ok:
+        return why
+    missing = tools_missing(backend)
+    if missing:
+        return f"testbed needs {', '.join(missing)} (apt-get install iproute2 iptables)"
+    return None
+
+
+def unique_prefix(stem: str = "pt") -> str:
+    """A namespace prefix unique to this process and call (e.g. `pt4711n3`)."""
+    return f"{stem}{os.getpid()}n{next(_counter)}"
+
+
+TestbedFactory = Callable[..., Testbed]
+
+
+@pytest.fixture(scope="session")
+def testbed_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestbedFactory]:
+    """`make(**Testbed kwargs) -> Testbed` (already up); every testbed made is downed at session end.
+
+    Tests may call `tb.down()` themselves earlier; it is idempotent."""
+    reason = why_no_testbed()
+    if reason:
+        pytest.skip(reason)
+    run_dir: Path = tmp_path_factory.mktemp("testbed")
+    made: list[Testbed] = []
+
+    def make(**kwargs: Any) -> Testbed:
+        kwargs.setdefault("prefix", unique_prefix())
+        kwargs.setdefault("run_dir", run_dir)
+        tb = Testbed(**kwargs)
+        made.append(tb)
+        return tb.up()
+
+    yield make
+    for tb in reversed(made):
+        tb.down()
+
+
+@pytest.fixture(scope="session")
+def wan_testbed(testbed_factory: TestbedFactory) -> Testbed:
+    """One shared testbed for the session: 20 ms one way, 100 Mbit/s, no jitter, no loss."""
+    return testbed_factory(delay_ms=20.0, rate_mbit=100.0)
