@@ -1,0 +1,120 @@
+"""Byte layout of a packed KV staging buffer, identical on the packing (P) and unpacking (MD) side.
+
+One flat uint8 buffer per request transfer:
+
+    [K data][V data]                          plain: element dtype of the pool
+    [K data][V data][K scales][V scales]      fp8:   e4m3 data, fp32 scale per (layer, token, head)
+
+Each data region is [layer][token][heads * head_dim] (token = position in the slot list, not the slot
+number), so both sides only need the same geometry and token count, never each other's slot numbers.
+Regions start at 16-byte boundaries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+ALIGN = 16
+PACKABLE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+
+Kind = Literal["k", "v"]
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+@dataclass(frozen=True)
+class PackLayout:
+    """Geometry of one packed transfer: `num_tokens` rows of `num_layers` K and V buffers."""
+
+    num_layers: int
+    num_tokens: int
+    k_heads: int
+    k_head_dim: int
+    v_heads: int
+    v_head_dim: int
+    dtype: torch.dtype
+    fp8: bool = False
+
+    @classmethod
+    def for_buffers(
+        cls, k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor], num_tokens: int, fp8: bool = False
+    ) -> "PackLayout":
+        k, v = k_buffers[0], v_buffers[0]
+        return cls(len(k_buffers), num_tokens, k.shape[1], k.shape[2], v.shape[1], v.shape[2], k.dtype, fp8)
+
+    def row(self, kind: Kind) -> int:
+        return self.k_heads * self.k_head_dim if kind == "k" else self.v_heads * self.v_head_dim
+
+    def heads(self, kind: Kind) -> int:
+        return self.k_heads if kind == "k" else self.v_heads
+
+    @property
+    def elem_bytes(self) -> int:
+        return 1 if self.fp8 else torch.empty((), dtype=self.dtype).element_size()
+
+    def data_elems(self, kind: Kind) -> int:
+        return self.num_layers * self.num_tokens * self.row(kind)
+
+    def scale_elems(self, kind: Kind) -> int:
+        return self.num_layers * self.num_tokens * self.heads(kind) if self.fp8 else 0
+
+    def _offsets(self) -> dict[str, int]:
+        k_data = 0
+        v_data = _align(k_data + self.data_elems("k") * self.elem_bytes)
+        k_scale = _align(v_data + self.data_elems("v") * self.elem_bytes)
+        v_scale = _align(k_scale + self.scale_elems("k") * 4)
+        end = v_scale + self.scale_elems("v") * 4
+        return {"k_data": k_data, "v_data": v_data, "k_scale": k_scale, "v_scale": v_scale, "end": end}
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the staging buffer (what crosses the WAN)."""
+        return self._offsets()["end"]
+
+    def gaps(self) -> list[tuple[int, int]]:
+        """Alignment padding between regions as [start, end) byte ranges (packers zero them)."""
+        o = self._offsets()
+        ends = [o["k_data"] + self.data_elems("k") * self.elem_bytes,
+                o["v_data"] + self.data_elems("v") * self.elem_bytes,
+                o["k_scale"] + self.scale_elems("k") * 4]
+        starts = [o["v_data"], o["k_scale"], o["v_scale"]]
+        return [(e, s) for e, s in zip(ends, starts) if s > e]
+
+    @property
+    def raw_bytes(self) -> int:
+        """Bytes of the same rows unpacked in the pool's dtype (what page-by-page transfer moves)."""
+        size = torch.empty((), dtype=self.dtype).element_size()
+        return (self.data_elems("k") + self.data_elems("v")) * size
+
+    def data_view(self, packed: torch.Tensor, kind: Kind) -> torch.Tensor:
+        """The data region of `kind` as a flat tensor (pool dtype, or uint8 holding e4m3 when fp8)."""
+        start = self._offsets()[f"{kind}_data"]
+        nbytes = self.data_elems(kind) * self.elem_bytes
+        region = packed[start : start + nbytes]
+        return region if self.fp8 else region.view(self.dtype)
+
+    def scale_view(self, packed: torch.Tensor, kind: Kind) -> torch.Tensor:
+        """The fp32 scale region of `kind` (fp8 layouts only)."""
+        if not self.fp8:
+            raise ValueError("scale_view: layout is not fp8")
+        start = self._offsets()[f"{kind}_scale"]
+        return packed[start : start + self.scale_elems(kind) * 4].view(torch.float32)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Named fields for a wire message (the receiver rebuilds the layout and checks its own geometry)."""
+        return {"num_layers": self.num_layers, "num_tokens": self.num_tokens, "k_heads": self.k_heads,
+                "k_head_dim": self.k_head_dim, "v_heads": self.v_heads, "v_head_dim": self.v_head_dim,
+                "dtype": _DTYPE_NAMES[self.dtype], "fp8": self.fp8}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "PackLayout":
+        names = {v: k for k, v in _DTYPE_NAMES.items()}
+        return cls(int(d["num_layers"]), int(d["num_tokens"]), int(d["k_heads"]), int(d["k_head_dim"]),
+                   int(d["v_heads"]), int(d["v_head_dim"]), names[d["dtype"]], bool(d["fp8"]))
