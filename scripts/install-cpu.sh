@@ -47,6 +47,6 @@ log "sglang $SGLANG_VERSION, torchvision $TORCHVISION_VERSION (--no-deps: their 
 log "sglang-pdd (editable, --no-deps)"
 "${pip[@]}" --no-deps --no-build-isolation -e "$here"
 log "CPU shim (.pth)"
-"$venv/bin/python" -m sglang_pdd.compat.cpu install
-"$venv/bin/python" -m sglang_pdd.compat.cpu check
+"$venv/bin/python" -m sglang_pdd.compat install
+"$venv/bin/python" -m sglang_pdd.compat check
 log "done: $venv"

@@ -5,8 +5,8 @@ sglang spawns its scheduler and detokenizer processes and every one of them need
 modules import; so does any process that imports transformers (it imports torchvision). sglang
 itself must still run with ``SGLANG_USE_CPU_ENGINE=1`` (its own switch for its CPU engine):
 
-    python -m sglang_pdd.compat.cpu install   # writes sglang_pdd_cpu.pth into site-packages
-    python -m sglang_pdd.compat.cpu check     # imports sglang the way a server does, prints OK
+    python -m sglang_pdd.compat install   # writes sglang_pdd_cpu.pth into site-packages
+    python -m sglang_pdd.compat check     # imports sglang the way a server does, prints OK
 
 What it does, each item a verified failure of stock sglang on such a box (see docs/cpu.md):
 
@@ -154,9 +154,5 @@ def main(argv: list[str]) -> int:
         check()
         print("sglang CPU environment: OK")
         return 0
-    print("usage: python -m sglang_pdd.compat.cpu install|check", file=sys.stderr)
+    print("usage: python -m sglang_pdd.compat install|check", file=sys.stderr)
     return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,293 @@
+"""Agentic multi-turn workload: sessions whose context grows turn by turn (issue 3 item 2).
+
+Model of a session (one agent run):
+
+* Each agent type has a shared system prompt (`system_prompt_len` tokens, same tokens for
+  every session of that type).
+* A session's first turn inside the trace window is preceded by a *warm-up* request
+  (`warmup=True`, turn 0) holding exactly that turn's reused prefix: the context the session
+  already had when the window opened. Its arrival is 1 ms before the turn; a client sends all
+  warm-ups before the window starts (the simulator pre-loads them into caches); never measured.
+* Every measured turn draws a target prefix-hit rate h from `hit_histogram`. If the whole
+  history H (previous prompt + previous output) fits, the turn appends tool output / user text
+  to it: input L = ceil(H / h), reused prefix p = H ("the session grows"). If that would pass
+  `max_input_len`, the agent compacts its context: L is drawn from `input_len`, the first
+  p = round(h * L) tokens of the history are kept and the rest is rewritten.
+* A fraction `odd_fraction` of turns are long-input / short-output ("odd traffic", PDD.md §4):
+  their output length comes from `odd_output_len`.
+* Sessions start as a Poisson process; turns within a session are separated by exponential
+  think times, so the superposed request stream has rate ~`request_rate`.
+
+Requests carry a compact deterministic spec of their prompt (a list of `Segment`s: seeded
+pseudo-random token runs, or "the output of turn t" of the same session) that expands to
+concrete token IDs for a given vocabulary, so the real benchmark can send them to sglang.
+A truncated segment expands to a prefix of the full one, so shared prefixes are real.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from sglang_pdd.bench.distributions import HitHistogram, LengthRange
+
+logger = logging.getLogger(__name__)
+
+SOURCE_TEXT = "text"
+SOURCE_OUTPUT = "output"
+
+
+@dataclass(frozen=True)
+class Segment:
+    """`length` tokens drawn from a PRNG seeded with `seed`; or, for source 'output', the
+    model's real output of turn `turn` of the same session (the seed is the offline stand-in)."""
+
+    seed: int
+    length: int
+    source: str = SOURCE_TEXT
+    turn: int = -1
+
+    def truncated(self, length: int) -> "Segment":
+        return replace(self, length=length)
+
+    def expand(self, vocab_size: int, reserved_low: int = 16) -> np.ndarray:
+        rng = np.random.default_rng(self.seed)
+        return rng.integers(reserved_low, vocab_size, size=self.length, dtype=np.int64)
+
+
+def output_segment(turn: int, length: int) -> Segment:
+    """A turn's real output as a cache records it (see `common_prefix_len`)."""
+    return Segment(0, length, SOURCE_OUTPUT, turn)
+
+
+def truncate_segments(segments: Sequence[Segment], n: int) -> list[Segment]:
+    out, left = [], n
+    for s in segments:
+        if left <= 0:
+            break
+        out.append(s if s.length <= left else s.truncated(left))
+        left -= min(s.length, left)
+    return out
+
+
+def common_prefix_len(a: Sequence[Segment], b: Sequence[Segment]) -> int:
+    """Length of the shared token prefix of two segment lists of one session (exact: equal seed
+    => equal run). Output segments compare by turn only: a turn has one real output, and its
+    seed is just the offline stand-in, so a cache may record it as `output_segment(turn, n)`."""
+    total = 0
+    for sa, sb in zip(a, b):
+        if sa.source != sb.source or sa.turn != sb.turn:
+            break
+        if sa.source != SOURCE_OUTPUT and sa.seed != sb.seed:
+            break
+        total += min(sa.length, sb.length)
+        if sa.length != sb.length:
+            break
+    return total
+
+
+@dataclass(frozen=True)
+class WorkloadRequest:
+    request_id: str
+    session_id: int
+    agent_type: int
+    turn: int
+    arrival_s: float
+    input_len: int
+    prefix_hit_len: int  # tokens shared with earlier turns of this session (incl. warm-up)
+    max_output_tokens: int
+    segments: tuple[Segment, ...] = ()
+    warmup: bool = False
+    odd: bool = False  # ground-truth label only; routers must not read it
+
+    @property
+    def hit_rate(self) -> float:
+        return self.prefix_hit_len / self.input_len if self.input_len else 0.0
+
+    def token_ids(self, vocab_size: int, outputs: Mapping[int, Sequence[int]] | None = None,
+                  reserved_low: int = 16) -> list[int]:
+        """Concrete prompt. `outputs[turn]` substitutes the real output of that turn."""
+        if not self.segments:
+            raise ValueError(f"{self.request_id}: trace record carries no token spec")
+        ids: list[int] = []
+        for s in self.segments:
+            if s.source == SOURCE_OUTPUT and outputs is not None and s.turn in outputs:
+                real = list(outputs[s.turn])[: s.length]
+                ids.extend(real)
+                if len(real) < s.length:  # model stopped early: pad from the stand-in
+                    ids.extend(s.expand(vocab_size, reserved_low)[len(real):].tolist())
+            else:
+                ids.extend(s.expand(vocab_size, reserved_low).tolist())
+        return ids
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["segments"] = [[s.seed, s.length, s.source, s.turn] for s in self.segments]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "WorkloadRequest":
+        segs = tuple(Segment(int(x[0]), int(x[1]), str(x[2]), int(x[3])) for x in d.get("segments", []))
+        inp = int(d["input_len"])
+        return cls(
+            request_id=str(d.get("request_id", f"s{d.get('session_id', 0)}-t{d.get('turn', 0)}")),
+            session_id=int(d.get("session_id", 0)),
+            agent_type=int(d.get("agent_type", 0)),
+            turn=int(d.get("turn", 1)),
+            arrival_s=float(d["arrival_s"]),
+            input_len=inp,
+            prefix_hit_len=int(d.get("prefix_hit_len", 0)),
+            max_output_tokens=int(d["max_output_tokens"]),
+            segments=segs,
+            warmup=bool(d.get("warmup", False)),
+            odd=bool(d.get("odd", False)),
+        )
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    request_rate: float = 1.0  # measured requests per second, all sessions together
+    duration_s: float = 60.0  # arrivals of turn >= 1 fall in [0, duration_s)
+    hit_histogram: HitHistogram = field(default_factory=HitHistogram.default)
+    input_len: LengthRange = LengthRange(2048, 4096)  # drawn on warm-up and on compaction
+    max_input_len: int = 4096
+    output_len: LengthRange = LengthRange(64, 128)
+    odd_fraction: float = 0.035
+    odd_output_len: LengthRange = LengthRange(8, 32)
+    system_prompt_len: int = 256
+    agent_types: int = 4
+    mean_turns: float = 8.0  # turns per session ~ 1 + geometric
+    think_time_s: float = 5.0  # mean gap between turns of one session
+    vocab_size: int = 4096
+    seed: int = 0
+
+    @classmethod
+    def cpu_bench(cls, **kw) -> "WorkloadConfig":
+        """Scale of the CPU testbed: a tiny model, prompts of a few thousand tokens."""
+        return cls(**kw)
+
+    @classmethod
+    def paper(cls, **kw) -> "WorkloadConfig":
+        """PDD.md §5 scale: ~64K total length, ~1K output, mean hit ~90 %."""
+        base = dict(input_len=LengthRange(52_000, 70_000), max_input_len=70_000,
+                    output_len=LengthRange(768, 1280), odd_output_len=LengthRange(32, 400),
+                    system_prompt_len=4096, vocab_size=152_000, mean_turns=12.0,
+                    think_time_s=20.0, request_rate=10.0, duration_s=300.0)
+        base.update(kw)
+        return cls(**base)
+
+
+def _seed(*parts: int) -> int:
+    return int(np.random.SeedSequence([int(p) & 0xFFFFFFFF for p in parts]).generate_state(1)[0])
+
+
+class _Session:
+    def __init__(self, cfg: WorkloadConfig, sid: int, rng: np.random.Generator):
+        self.cfg, self.sid, self.rng = cfg, sid, rng
+        self.agent = int(rng.integers(cfg.agent_types))
+        self.history: list[Segment] = [Segment(_seed(cfg.seed, 1, self.agent), cfg.system_prompt_len)]
+
+    def _new_text(self, turn: int, kind: int, n: int) -> Segment:
+        return Segment(_seed(self.cfg.seed, 2, self.sid, turn, kind), n)
+
+    def start(self) -> tuple[float, int]:
+        """Sets the context the session had before its first turn; returns turn 1's hit and length."""
+        cfg = self.cfg
+        h = float(cfg.hit_histogram.sample(self.rng))
+        L = cfg.input_len.sample(self.rng)
+        p = min(max(int(round(h * L)), 0), L - 1)
+        sys = self.history[0]
+        body = [sys.truncated(min(sys.length, p))] if p > 0 else []
+        if p > sys.length:
+            body.append(self._new_text(0, 0, p - sys.length))
+        self.history = body
+        return h, L
+
+    def turn(self, t: int, arrival: float, h: float | None = None, L: int | None = None) -> WorkloadRequest:
+        cfg, rng = self.cfg, self.rng
+        H = sum(s.length for s in self.history)
+        if h is None:
+            h = float(cfg.hit_histogram.sample(rng))
+            natural = math.ceil(H / h) if h > 0 else math.inf
+            if H > 0 and natural <= cfg.max_input_len:
+                L = max(natural, H + 1)
+            else:
+                L = cfg.input_len.sample(rng)
+        p = min(max(int(round(h * L)), 0), H, L - 1)
+        prompt = truncate_segments(self.history, p) + [self._new_text(t, 0, L - p)]
+        odd = bool(rng.random() < cfg.odd_fraction)
+        out = (cfg.odd_output_len if odd else cfg.output_len).sample(rng)
+        req = WorkloadRequest(f"s{self.sid}-t{t}", self.sid, self.agent, t, arrival, L, p, out,
+                              tuple(prompt), odd=odd)
+        self.history = prompt + [Segment(_seed(cfg.seed, 3, self.sid, t), out, SOURCE_OUTPUT, t)]
+        return req
+
+
+def generate(cfg: WorkloadConfig, include_warmup: bool = True) -> list[WorkloadRequest]:
+    """All requests of the configured window, sorted by arrival time (warm-ups at the session
+    start, one think time before turn 1; they may have negative arrival times)."""
+    rng = np.random.default_rng(cfg.seed)
+    mean_turns = max(cfg.mean_turns, 1.0)
+    session_rate = cfg.request_rate / mean_turns
+    # Sessions started before t=0 too, so the window is in steady state from the start.
+    t = -mean_turns * cfg.think_time_s
+    reqs: list[WorkloadRequest] = []
+    sid = 0
+    while True:
+        t += rng.exponential(1.0 / session_rate)
+        if t >= cfg.duration_s:
+            break
+        sess = _Session(cfg, sid, rng)
+        n_turns = int(rng.geometric(1.0 / mean_turns)) if mean_turns > 1 else 1
+        h1, L1 = sess.start()
+        arrival, turns = t, []
+        for k in range(1, n_turns + 1):
+            req = sess.turn(k, arrival, h1 if k == 1 else None, L1 if k == 1 else None)
+            turns.append(req)
+            arrival += rng.exponential(cfg.think_time_s)
+        turns = [r for r in turns if 0.0 <= r.arrival_s < cfg.duration_s]
+        if turns:
+            first = turns[0]
+            if include_warmup and first.prefix_hit_len > 0:
+                reqs.append(warmup_for(first))
+            reqs.extend(turns)
+        sid += 1
+    reqs.sort(key=lambda r: (r.arrival_s, r.session_id, r.turn))
+    logger.info("generated %d requests from %d sessions", len(reqs), sid)
+    return reqs
+
+
+def warmup_for(first: WorkloadRequest) -> WorkloadRequest:
+    """The context a session had before the trace window opened: `first`'s reused prefix,
+    sent one think time earlier (or at least 1 ms earlier) and never measured."""
+    p = first.prefix_hit_len
+    return WorkloadRequest(f"s{first.session_id}-t0", first.session_id, first.agent_type, 0,
+                           first.arrival_s - 1e-3, p, 0, 1,
+                           tuple(truncate_segments(first.segments, p)), warmup=True)
+
+
+def measured(reqs: Iterable[WorkloadRequest]) -> list[WorkloadRequest]:
+    return [r for r in reqs if not r.warmup]
+
+
+def write_jsonl(reqs: Iterable[WorkloadRequest], path: str | Path) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for r in reqs:
+            f.write(json.dumps(r.to_dict(), separators=(",", ":")) + "\n")
+
+
+def read_jsonl(path: str | Path) -> list[WorkloadRequest]:
+    return list(iter_jsonl(path))
+
+
+def iter_jsonl(path: str | Path) -> Iterator[WorkloadRequest]:
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                yield WorkloadRequest.from_dict(json.loads(line))

@@ -1,0 +1,125 @@
+"""PddConfig: the only place that reads `--pdd-*` flags and `SGLANG_PDD_*` environment variables.
+
+Flags are declared once in `FLAGS`; `add_cli_args` adds them to sglang's parser, `from_cli_args`
+turns a parsed namespace into a validated, frozen `PddConfig`. The launcher hands the config to its
+children (schedulers, detokenizer) in two ways: as bookkeeping on the pickled `ServerArgs` and as
+`SGLANG_PDD_CONFIG` (JSON) in the environment they inherit, which also reaches processes that do not
+receive `ServerArgs` and code that runs before it arrives (plugin loading).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from sglang_pdd.roles import ROLE_CHOICES, Role
+
+ENV_CONFIG = "SGLANG_PDD_CONFIG"  # JSON of PddConfig, set by the launcher for its children
+ENV_SECRET = "SGLANG_PDD_SECRET"  # shared secret of the token channel (never put on a command line)
+
+
+class PddConfigError(ValueError):
+    """A `--pdd-*` flag (or its combination with sglang's flags) is invalid."""
+
+
+@dataclass(frozen=True)
+class FlagSpec:
+    name: str  # PddConfig field
+    type: type
+    default: Any
+    help: str
+    choices: tuple | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--pdd-" + self.name.replace("_", "-")
+
+    @property
+    def dest(self) -> str:
+        return "pdd_" + self.name
+
+
+FLAGS: tuple[FlagSpec, ...] = (
+    FlagSpec("role", str, None, "PDD role of this server; without it the server is plain sglang.",
+             choices=ROLE_CHOICES),
+)
+
+
+@dataclass(frozen=True)
+class PddConfig:
+    role: Role | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.role is not None
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["role"] = self.role.value if self.role else None
+        return json.dumps(d, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "PddConfig":
+        try:
+            d = json.loads(text)
+        except ValueError as e:
+            raise PddConfigError(f"{ENV_CONFIG} is not valid JSON: {e}") from None
+        if not isinstance(d, dict):
+            raise PddConfigError(f"{ENV_CONFIG} must be a JSON object")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise PddConfigError(f"{ENV_CONFIG}: unknown keys {unknown}")
+        return cls._checked(d)
+
+    @classmethod
+    def _checked(cls, d: dict) -> "PddConfig":
+        role = d.get("role")
+        if role is not None and role not in ROLE_CHOICES:
+            raise PddConfigError(f"--pdd-role: invalid choice {role!r} (choose from {', '.join(ROLE_CHOICES)})")
+        return cls(role=Role(role) if role else None)
+
+    @classmethod
+    def from_env(cls, environ: dict | None = None) -> "PddConfig":
+        """The config the launcher exported; an inactive config when there is none."""
+        text = (environ if environ is not None else os.environ).get(ENV_CONFIG)
+        return cls.from_json(text) if text else cls()
+
+    def export_env(self, environ: dict | None = None) -> None:
+        env = environ if environ is not None else os.environ
+        if self.active:
+            env[ENV_CONFIG] = self.to_json()
+        else:
+            env.pop(ENV_CONFIG, None)
+
+    def describe(self) -> str:
+        return f"role={self.role.value if self.role else 'none (plain sglang)'}"
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("sglang-pdd (Prefill -> RelayDecode -> MainDecode)")
+    for spec in FLAGS:
+        group.add_argument(spec.flag, dest=spec.dest, type=spec.type, default=spec.default,
+                           choices=spec.choices, help=spec.help)
+
+
+def from_cli_args(args: argparse.Namespace, disaggregation_mode: str = "null",
+                  decode_radix_cache: bool = False) -> PddConfig:
+    """Validate the parsed `--pdd-*` flags against each other and against sglang's PD flags."""
+    cfg = PddConfig._checked({s.name: getattr(args, s.dest, s.default) for s in FLAGS})
+    if cfg.role is None:
+        return cfg
+    if disaggregation_mode != cfg.role.disaggregation_mode:
+        raise PddConfigError(
+            f"--pdd-role {cfg.role.value} runs on --disaggregation-mode {cfg.role.disaggregation_mode}, "
+            f"got --disaggregation-mode {disaggregation_mode}"
+        )
+    if cfg.role.needs_decode_radix_cache and not decode_radix_cache:
+        raise PddConfigError(
+            f"--pdd-role {cfg.role.value} needs --disaggregation-decode-enable-radix-cache "
+            "(MainDecode's decode-side radix cache is what keeps WAN bytes low)"
+        )
+    return cfg

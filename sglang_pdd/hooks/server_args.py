@@ -1,0 +1,31 @@
+"""`--pdd-*` flags on sglang's own parser, and the validated PddConfig handed to every process."""
+
+from __future__ import annotations
+
+import logging
+
+from sglang_pdd import __version__, config
+
+logger = logging.getLogger(__name__)
+
+
+def after_add_cli_args(_result, parser) -> None:
+    config.add_cli_args(parser)
+
+
+def after_from_cli_args(server_args, _cls, args) -> None:
+    from sglang_pdd import plugin
+
+    try:
+        cfg = config.from_cli_args(
+            args,
+            disaggregation_mode=getattr(args, "disaggregation_mode", "null") or "null",
+            decode_radix_cache=bool(getattr(args, "disaggregation_decode_enable_radix_cache", False)),
+        )
+    except config.PddConfigError as e:
+        raise SystemExit(f"sglang-pdd: error: {e}") from None
+    if cfg.active:
+        plugin.require_hooks_applied()
+    server_args._pdd_config = cfg.to_json()  # bookkeeping: survives pickling to the schedulers
+    cfg.export_env()
+    logger.info("sglang-pdd %s: %s, peers: none configured", __version__, cfg.describe())

@@ -1,0 +1,107 @@
+"""The sglang plugin entry point: `load()` registers every hook of sglang-pdd.
+
+sglang calls `load()` through the `sglang.srt.plugins` entry point in every process it starts
+(launcher, schedulers, detokenizer), then applies all registered hooks. sglang's registry only *logs*
+a target it cannot resolve, which would silently turn the plugin off after an sglang upgrade, so:
+
+* `load()` resolves every target itself first and raises `PluginLoadError` naming the ones that are
+  missing (in a process whose launcher configured a PDD role, it exits instead: a relay or main
+  server without its hooks must not come up as a plain decode server);
+* `require_hooks_applied()` checks, once sglang has applied the hooks, that each of ours is in place;
+  the launcher calls it when a role is configured.
+
+Without `--pdd-role` every hook is inert except the input guard (see sglang_pdd.input_guard), which
+only turns requests that would crash upstream sglang into clear 400 errors.
+"""
+
+from __future__ import annotations
+
+import logging
+import pkgutil
+from dataclasses import dataclass
+from typing import Callable
+
+from sglang_pdd.config import PddConfig
+
+logger = logging.getLogger(__name__)
+
+_SRT = "sglang.srt"
+
+
+@dataclass(frozen=True)
+class Hook:
+    target: str
+    body: str  # "module:function" under sglang_pdd.hooks, imported only when registering
+    kind: str  # HookType name: BEFORE | AFTER | AROUND | REPLACE
+
+    def resolve_body(self) -> Callable:
+        module, _, fn = self.body.partition(":")
+        return getattr(__import__(f"sglang_pdd.hooks.{module}", fromlist=[fn]), fn)
+
+
+HOOKS: tuple[Hook, ...] = (
+    Hook(f"{_SRT}.server_args.ServerArgs.add_cli_args", "server_args:after_add_cli_args", "AFTER"),
+    Hook(f"{_SRT}.server_args.ServerArgs.from_cli_args", "server_args:after_from_cli_args", "AFTER"),
+    Hook(f"{_SRT}.managers.tokenizer_manager.TokenizerManager._validate_one_request",
+         "tokenizer:before_validate_one_request", "BEFORE"),
+    Hook(f"{_SRT}.distributed.device_communicators.mooncake_transfer_engine.MooncakeTransferEngine"
+         ".batch_transfer_sync", "transfer:around_batch_transfer_sync", "AROUND"),
+    Hook(f"{_SRT}.disaggregation.mooncake.conn.MooncakeKVManager.send_kvcache",
+         "transfer:around_send_kvcache", "AROUND"),
+    Hook(f"{_SRT}.disaggregation.mooncake.conn.MooncakeKVManager.send_aux",
+         "transfer:around_send_aux", "AROUND"),
+)
+
+
+class PluginLoadError(RuntimeError):
+    """A hook target does not exist in the installed sglang (or its hooks were not applied)."""
+
+
+_loaded = False
+
+
+def missing_targets(hooks: tuple[Hook, ...] = HOOKS) -> list[str]:
+    """Targets that do not resolve in the installed sglang, each with the reason."""
+    out = []
+    for h in hooks:
+        owner, _, attr = h.target.rpartition(".")
+        try:
+            obj = pkgutil.resolve_name(owner)
+        except Exception as e:  # ImportError, AttributeError, ValueError
+            out.append(f"{h.target} ({type(e).__name__}: {e})")
+            continue
+        if not hasattr(obj, attr):
+            out.append(f"{h.target} (no attribute {attr!r} on {owner})")
+    return out
+
+
+def load() -> None:
+    """Register all hooks (idempotent). Called by sglang's `load_plugins()` in every process."""
+    global _loaded
+    if _loaded:
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    missing = missing_targets()
+    if missing:
+        msg = (
+            "sglang-pdd cannot hook the installed sglang (it is built for sglang 0.5.23); "
+            "missing targets: " + "; ".join(missing)
+        )
+        if PddConfig.from_env().active:
+            raise SystemExit(msg)
+        raise PluginLoadError(msg)
+    for h in HOOKS:
+        HookRegistry.register(h.target, h.resolve_body(), HookType[h.kind])
+    _loaded = True
+
+
+def require_hooks_applied() -> None:
+    """Raise unless sglang applied every hook of ours (call after `load_plugins()` finished)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    if not _loaded:
+        raise PluginLoadError("sglang-pdd hooks were never registered (plugin not loaded?)")
+    not_applied = [h.target for h in HOOKS if h.target not in HookRegistry._patched]
+    if not_applied:
+        raise PluginLoadError("sglang-pdd hooks not applied to: " + ", ".join(not_applied))

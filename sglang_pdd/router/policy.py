@@ -1,0 +1,112 @@
+"""Pipeline choice per request (PDD.md §4, issue 6 item 4).
+
+Only two pipelines exist: P->MD (the missed KV crosses the WAN fast enough) and P->RLD->MD
+(RLD hides a long WAN transfer by decoding the first tokens next to P, then hands over to MD).
+P->RLD alone is never chosen, except for *odd traffic*: a short output (< threshold tokens)
+whose WAN transfer would outlast its whole decode on RLD; RLD finishes it and the WAN transfer
+is cancelled. `allow_relay_only` exists only to reproduce the oscillation of PDD.md §4.
+
+WAN time is predicted as missed bytes / estimated bandwidth + RTT, where missed bytes are the
+prompt tokens beyond MD's radix-cache hit times the KV bytes per token.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from dataclasses import dataclass
+
+from sglang_pdd.router.bandwidth import BandwidthEstimator
+
+logger = logging.getLogger(__name__)
+
+
+class Pipeline(str, enum.Enum):
+    P_MD = "P->MD"
+    P_RLD_MD = "P->RLD->MD"
+    P_RLD = "P->RLD"
+
+
+class RouteBy(str, enum.Enum):
+    BANDWIDTH = "bandwidth"  # predicted WAN time against a budget (ours)
+    HIT_THRESHOLD = "hit-threshold"  # MD hit rate against a fixed threshold
+
+
+@dataclass(frozen=True)
+class RouteInputs:
+    input_len: int  # prompt tokens
+    md_prefix_hit: int  # prompt tokens MD's decode radix cache already holds
+    max_output_tokens: int
+
+    @property
+    def md_hit_rate(self) -> float:
+        return self.md_prefix_hit / self.input_len if self.input_len else 1.0
+
+
+@dataclass(frozen=True)
+class RouteDecision:
+    pipeline: Pipeline
+    reason: str
+    missed_bytes: int
+    predicted_wan_s: float
+
+    @property
+    def uses_relay(self) -> bool:
+        return self.pipeline is not Pipeline.P_MD
+
+    @property
+    def uses_wan(self) -> bool:
+        return self.pipeline is not Pipeline.P_RLD
+
+
+@dataclass(frozen=True)
+class PipelinePolicyConfig:
+    kv_bytes_per_token: int
+    wan_budget_s: float = 1.0  # P->MD when the predicted WAN time is at most this
+    route_by: RouteBy = RouteBy.BANDWIDTH
+    hit_threshold: float = 0.95  # for RouteBy.HIT_THRESHOLD
+    odd_output_threshold: int = 500  # PDD.md §4: output < 500 tokens may be odd traffic
+    rld_tpot_s: float = 0.05  # expected RLD time per output token, to test "decode < WAN"
+    allow_relay_only: bool = False  # reproduce PDD.md §4's oscillation: low hit -> P->RLD
+    relay_only_below_hit: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.kv_bytes_per_token <= 0 or self.wan_budget_s < 0 or self.rld_tpot_s <= 0:
+            raise ValueError(f"invalid pipeline policy config {self}")
+
+
+class PipelinePolicy:
+    def __init__(self, cfg: PipelinePolicyConfig, bandwidth: BandwidthEstimator, rtt_s: float):
+        self.cfg, self.bandwidth, self.rtt_s = cfg, bandwidth, rtt_s
+
+    def missed_bytes(self, inp: RouteInputs) -> int:
+        hit = min(max(inp.md_prefix_hit, 0), inp.input_len)
+        return (inp.input_len - hit) * self.cfg.kv_bytes_per_token
+
+    def predict_wan_s(self, missed_bytes: int) -> float:
+        return missed_bytes / self.bandwidth.bytes_per_s + self.rtt_s
+
+    def decide(self, inp: RouteInputs) -> RouteDecision:
+        cfg = self.cfg
+        missed = self.missed_bytes(inp)
+        wan = self.predict_wan_s(missed)
+
+        def out(p: Pipeline, why: str) -> RouteDecision:
+            return RouteDecision(p, why, missed, wan)
+
+        if cfg.route_by is RouteBy.HIT_THRESHOLD:
+            fits = inp.md_hit_rate >= cfg.hit_threshold
+            fit_why = f"MD hit {inp.md_hit_rate:.3f} >= {cfg.hit_threshold}"
+        else:
+            fits = wan <= cfg.wan_budget_s
+            fit_why = f"predicted WAN {wan:.3f}s <= budget {cfg.wan_budget_s}s"
+        if fits:
+            return out(Pipeline.P_MD, fit_why)
+        decode_s = inp.max_output_tokens * cfg.rld_tpot_s
+        if inp.max_output_tokens < cfg.odd_output_threshold and decode_s < wan:
+            return out(Pipeline.P_RLD, f"odd traffic: output {inp.max_output_tokens} < "
+                       f"{cfg.odd_output_threshold} and RLD decode {decode_s:.2f}s < WAN {wan:.2f}s")
+        if cfg.allow_relay_only and inp.md_hit_rate < cfg.relay_only_below_hit:
+            return out(Pipeline.P_RLD, f"relay-only allowed: MD hit {inp.md_hit_rate:.3f} < "
+                       f"{cfg.relay_only_below_hit}")
+        return out(Pipeline.P_RLD_MD, f"WAN {wan:.3f}s too slow for P->MD: RLD hides it")

@@ -1,0 +1,392 @@
+"""One deployment under simulation: pools, links, and every request's life through them.
+
+Request lifecycle (times are as seen by the router, which sits in cluster A with P and RLD;
+anything MD emits reaches it half an RTT later):
+
+* PD (same-DC or cross-DC): P prefills -> D reserves KV -> KV moves (RDMA or WAN) -> D emits the
+  first token (computed by P) and decodes the rest.
+* PDD P->MD: as PD over the WAN, only the KV past MD's radix hit crosses.
+* PDD P->RLD->MD: RLD and MD reserve in parallel; RLD gets the full KV over RDMA and decodes at
+  once (eager tokens); MD gets the missed KV over the WAN, says "ready", RLD sends token IDs
+  (one-shot: all, and stops; catch-up: chunks while decoding, until MD is close), MD recomputes
+  them in an EXTEND step and continues. If RLD finishes first, the WAN transfer is cancelled.
+* PDD P->RLD: odd traffic (or the relay-only experiment): RLD decodes everything, MD never sees
+  the turn, so MD's radix cache for that session goes stale.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Iterable, Optional
+
+from sglang_pdd.bench.workload import WorkloadRequest, output_segment
+from sglang_pdd.router.bandwidth import BandwidthEstimator
+from sglang_pdd.router.handoff_mode import HandoffLoad, HandoffMode, HandoffModePolicy
+from sglang_pdd.router.policy import Pipeline, PipelinePolicy, PipelinePolicyConfig, RouteInputs
+from sglang_pdd.sim.cost_model import Chunk, CostModel
+from sglang_pdd.sim.decode import DecodeInstance
+from sglang_pdd.sim.drc import DecodeRadixCache
+from sglang_pdd.sim.engine import EventLoop
+from sglang_pdd.sim.hardware import Efficiency, InstanceSpec
+from sglang_pdd.sim.model import ModelSpec
+from sglang_pdd.sim.prefill import PrefillInstance, PrefillJob
+from sglang_pdd.sim.records import RequestRecord
+from sglang_pdd.sim.systems import Arch, PoolSpec, SystemSpec
+from sglang_pdd.sim.wan import Transfer, WanLink
+
+logger = logging.getLogger(__name__)
+
+
+class _State:
+    __slots__ = ("w", "rec", "job", "p", "d", "r", "pending_p", "wan_tr", "wan_start", "rld",
+                 "md", "k_md", "k_sent", "rounds", "last_gap", "md_ready", "rld_last_tok_s")
+
+    def __init__(self, w: WorkloadRequest, rec: RequestRecord):
+        self.w, self.rec = w, rec
+        self.job: Optional[PrefillJob] = None
+        self.p = self.d = self.r = -1
+        self.pending_p = 0
+        self.wan_tr: Optional[Transfer] = None
+        self.wan_start = 0.0
+        self.rld = "none"  # none|waiting|admitted|running|handing|handed|done|skipped
+        self.md = "none"  # none|waiting|reserved|kv|extending|running|done|cancelled
+        self.k_md = 0  # eager tokens MD has recomputed
+        self.k_sent = 0
+        self.rounds = 0
+        self.last_gap = math.inf
+        self.md_ready = False
+        self.rld_last_tok_s = 0.0
+
+
+def decode_max_batch(cost: CostModel, pool: PoolSpec, context_tokens: int, tpot_target_s: float,
+                     cap: int = 512) -> int:
+    """Largest batch whose decode step meets `tpot_target_s` at `context_tokens` per request
+    and whose KV fits (an operator's --max-running-requests); at least 1."""
+    if pool.max_batch is not None:
+        return pool.max_batch
+    fit = max(1, cost.kv_capacity_tokens // max(context_tokens, 1))
+    b = 1
+    while b < min(fit, cap) and cost.decode_step_s(b + 1, (b + 1) * context_tokens) <= tpot_target_s:
+        b += 1
+    return b
+
+
+class Cluster:
+    def __init__(self, spec: SystemSpec, model: ModelSpec, eff: Efficiency = Efficiency(),
+                 context_tokens: int = 65_000, tpot_target_s: float = 0.1):
+        self.spec, self.model, self.loop = spec, model, EventLoop()
+        self.kv = model.kv_bytes_per_token
+        lp = self.loop
+
+        def costs(pool: PoolSpec) -> CostModel:
+            return CostModel(model, InstanceSpec(pool.chip, pool.chips_per_instance, eff))
+
+        pc = costs(spec.prefill)
+        self.P = [PrefillInstance(lp, pc, f"P{i}", spec.chunk_size, spec.tail_chunk_batching,
+                                  self._prefilled) for i in range(spec.prefill.instances)]
+        dc = costs(spec.decode)
+        self.d_batch = decode_max_batch(dc, spec.decode, context_tokens, tpot_target_s)
+        self.D = [DecodeInstance(lp, dc, f"D{i}", self.d_batch) for i in range(spec.decode.instances)]
+        self.R: list[DecodeInstance] = []
+        self.r_batch = 0
+        if spec.relay is not None and spec.arch is Arch.PDD:
+            rc = costs(spec.relay)
+            self.r_batch = decode_max_batch(rc, spec.relay, context_tokens, tpot_target_s)
+            self.R = [DecodeInstance(lp, rc, f"R{i}", self.r_batch) for i in range(spec.relay.instances)]
+        self.wan = WanLink(lp, spec.wan) if spec.wan is not None else None
+        self.half_rtt = spec.wan.rtt_s / 2 if spec.wan is not None else 0.0
+        self.drc = [DecodeRadixCache(spec.drc_capacity_tokens) for _ in self.D] if spec.drc else None
+        self.policy: Optional[PipelinePolicy] = None
+        if spec.arch is Arch.PDD:
+            rt = spec.routing
+            self.bw = BandwidthEstimator(spec.wan.bytes_per_s * 0.5, rtt_s=spec.wan.rtt_s)
+            rld_tpot = self.R[0].cost.decode_step_s(max(1, self.r_batch // 2),
+                                                    max(1, self.r_batch // 2) * context_tokens)
+            self.policy = PipelinePolicy(PipelinePolicyConfig(
+                kv_bytes_per_token=self.kv, wan_budget_s=rt.wan_budget_s, route_by=rt.route_by,
+                hit_threshold=rt.hit_threshold, odd_output_threshold=rt.odd_output_threshold,
+                rld_tpot_s=rld_tpot, allow_relay_only=rt.allow_relay_only,
+                relay_only_below_hit=rt.relay_only_below_hit), self.bw, spec.wan.rtt_s)
+        self.handoff = HandoffModePolicy(spec.handoff)
+        self.states: dict[str, _State] = {}
+        self.records: list[RequestRecord] = []
+        self.finish_count: dict[str, int] = {}
+        self.fast_bytes = 0.0
+        self._orphans: dict[str, int] = {}  # MD reservations whose RLD finished mid-handoff
+
+    # ----- driving -----
+    def run(self, requests: Iterable[WorkloadRequest], until: float = math.inf) -> list[RequestRecord]:
+        reqs = sorted(requests, key=lambda r: r.arrival_s)
+        t0 = min((r.arrival_s for r in reqs), default=0.0)
+        self.loop.now = min(0.0, t0)
+        it = iter(reqs)
+
+        def feed() -> None:
+            w = next(it, None)
+            if w is None:
+                return
+            self.loop.at(max(w.arrival_s, self.loop.now), self._arrive_then, w, feed)
+
+        feed()
+        self.loop.run(until)
+        return self.records
+
+    def _arrive_then(self, w: WorkloadRequest, feed) -> None:
+        self._arrive(w)
+        feed()
+
+    # ----- helpers -----
+    def _md_of(self, w: WorkloadRequest) -> int:
+        if self.drc is not None:
+            return w.session_id % len(self.D)
+        return min(range(len(self.D)), key=lambda i: self.D[i].load)
+
+    def _fast_s(self, nbytes: float) -> float:
+        self.fast_bytes += nbytes
+        return nbytes / (self.spec.rdma_gbps * 1e9 / 8) + self.spec.rdma_latency_s
+
+    def _p_done_one(self, st: _State) -> None:
+        st.pending_p -= 1
+        if st.pending_p == 0 and st.job is not None:
+            self.P[st.p].release(st.job)
+
+    def _complete(self, st: _State, t: float) -> None:
+        rid = st.w.request_id
+        self.finish_count[rid] = self.finish_count.get(rid, 0) + 1
+        if st.rec.finished:
+            raise RuntimeError(f"{rid} finished twice")
+        st.rec.finish_s, st.rec.finished = t, True
+        del self.states[rid]
+
+    # ----- arrival and prefill -----
+    def _arrive(self, w: WorkloadRequest) -> None:
+        if w.warmup:
+            if self.drc is not None:
+                self.drc[self._md_of(w)].insert(w.session_id, w.segments)
+            return
+        d = self._md_of(w)
+        md_hit = self.drc[d].hit(w.session_id, w.segments, w.input_len) if self.drc else 0
+        pipeline, reason = Pipeline.P_MD, "PD"
+        if self.policy is not None:
+            dec = self.policy.decide(RouteInputs(w.input_len, md_hit, w.max_output_tokens))
+            pipeline, reason = dec.pipeline, dec.reason
+        rec = RequestRecord(w.request_id, w.session_id, w.turn, w.arrival_s, w.input_len,
+                            w.max_output_tokens, w.prefix_hit_len, md_hit, pipeline.value,
+                            reason, w.odd)
+        self.records.append(rec)
+        st = _State(w, rec)
+        st.d = d
+        self.states[w.request_id] = st
+        st.p = min(range(len(self.P)), key=lambda i: self.P[i].queued_tokens)
+        st.job = PrefillJob(w.request_id, w.input_len, w.prefix_hit_len)
+        self.P[st.p].submit(st.job)
+
+    def _prefilled(self, rid: str) -> None:
+        st = self.states[rid]
+        pipe = st.rec.pipeline
+        if pipe == Pipeline.P_MD.value:
+            st.pending_p = 1
+            st.md = "waiting"
+            self.D[st.d].admit(rid, st.w.input_len + st.w.max_output_tokens, self._d_admitted)
+            return
+        st.r = min(range(len(self.R)), key=lambda i: self.R[i].load)
+        only = pipe == Pipeline.P_RLD.value
+        st.pending_p = 1 if only else 2
+        st.rld = "waiting"
+        reserve = st.w.input_len + (st.w.max_output_tokens if only else
+                                    min(st.w.max_output_tokens, self.spec.rld_eager_reserve_tokens))
+        self.R[st.r].admit(rid, reserve, self._rld_admitted)
+        if not only:
+            st.md = "waiting"
+            self.D[st.d].admit(rid, st.w.input_len + st.w.max_output_tokens, self._d_admitted)
+
+    # ----- D / MD: KV transfer and direct start -----
+    def _d_admitted(self, rid: str) -> None:
+        st = self.states[rid]
+        st.md = "reserved"
+        w = st.w
+        if self.wan is None:
+            nbytes = w.input_len * self.kv
+            self.loop.after(self._fast_s(nbytes), self._d_kv_arrived, rid, None)
+            return
+        nbytes = (w.input_len - st.rec.md_hit) * self.kv
+        st.rec.wan_bytes = nbytes
+        st.wan_start = self.loop.now
+        st.wan_tr = self.wan.start(nbytes, lambda tr, rid=rid: self._d_kv_arrived(rid, tr))
+
+    def _d_kv_arrived(self, rid: str, tr: Optional[Transfer]) -> None:
+        st = self.states.get(rid)
+        if st is None:
+            return
+        if tr is not None and self.policy is not None:
+            self.bw.observe(tr.nbytes, self.loop.now - st.wan_start)
+        st.wan_tr = None
+        st.md = "kv"
+        self._p_done_one(st)
+        if st.rec.pipeline == Pipeline.P_MD.value:
+            self._md_start_direct(st)
+        else:
+            self.loop.after(self.half_rtt, self._ready_at_rld, rid)
+
+    def _md_start_direct(self, st: _State) -> None:
+        """D/MD emits P's first token and decodes the rest."""
+        now = self.loop.now
+        st.rec.first_token_s = now + self.half_rtt
+        st.rec.tokens_md = 1
+        st.md = "running"
+        rest = st.w.max_output_tokens - 1
+        if rest <= 0:
+            self._md_finish(st.w.request_id)
+            return
+        st.rec.tokens_md += rest
+        self.D[st.d].join(st.w.request_id, st.w.input_len + 1, rest, self._md_finish)
+
+    def _md_finish(self, rid: str) -> None:
+        st = self.states[rid]
+        st.md = "done"
+        self.D[st.d].release(rid)
+        if self.drc is not None:
+            seq = list(st.w.segments) + [output_segment(st.w.turn, st.w.max_output_tokens)]
+            self.drc[st.d].insert(st.w.session_id, seq)
+        self._complete(st, self.loop.now + self.half_rtt)
+
+    def _cancel_md(self, st: _State) -> None:
+        rid = st.w.request_id
+        if st.md == "waiting":
+            self.D[st.d].withdraw(rid)
+            self._p_done_one(st)
+        elif st.md == "reserved":
+            if st.wan_tr is not None:
+                self.wan.cancel(st.wan_tr)
+                st.wan_tr = None
+            self._p_done_one(st)
+            self.D[st.d].release(rid)
+        elif st.md == "kv":
+            self.D[st.d].release(rid)
+        elif st.md == "extending":  # a handoff step is in flight: its callback releases
+            self._orphans[rid] = st.d
+        st.md = "cancelled"
+
+    def _orphan_release(self, rid: str) -> bool:
+        d = self._orphans.pop(rid, None)
+        if d is None:
+            return False
+        self.D[d].release(rid)
+        return True
+
+    # ----- RLD -----
+    def _rld_admitted(self, rid: str) -> None:
+        st = self.states[rid]
+        st.rld = "admitted"
+        self.loop.after(self._fast_s(st.w.input_len * self.kv), self._rld_kv_arrived, rid)
+
+    def _rld_kv_arrived(self, rid: str) -> None:
+        st = self.states.get(rid)
+        if st is None:
+            return
+        self._p_done_one(st)
+        if st.rld == "skipped":
+            self.R[st.r].release(rid)
+            return
+        now = self.loop.now
+        st.rec.first_token_s = now
+        st.rld = "running"
+        rest = st.w.max_output_tokens - 1
+        if rest <= 0:
+            self._rld_finish(rid)
+            return
+        self.R[st.r].join(rid, st.w.input_len + 1, rest, self._rld_finish)
+        if st.md_ready:
+            self._ready_at_rld(rid)
+
+    def _rld_finish(self, rid: str) -> None:
+        st = self.states[rid]
+        st.rld = "done"
+        st.rec.tokens_rld = st.w.max_output_tokens
+        self.R[st.r].release(rid)
+        if st.md not in ("none", "cancelled"):
+            self._cancel_md(st)
+        self._complete(st, self.loop.now)
+
+    def _ready_at_rld(self, rid: str) -> None:
+        st = self.states.get(rid)
+        if st is None:
+            return
+        if st.rld == "waiting":  # RLD never got to it: MD serves it directly
+            if self.R[st.r].withdraw(rid):
+                st.rld = "skipped"
+                self._p_done_one(st)
+                st.rec.pipeline = Pipeline.P_MD.value
+                st.rec.route_reason += "; MD ready before RLD admitted it"
+                self._md_start_direct(st)
+                return
+        if st.rld == "admitted":
+            st.md_ready = True
+            return
+        R, D = self.R[st.r], self.D[st.d]
+        load = HandoffLoad(len(R.running), R.kv_usage, len(D.running))
+        mode = self.handoff.decide(load).mode
+        st.rec.handoff_mode = mode.value
+        st.md = "extending"
+        if mode is HandoffMode.ONE_SHOT:
+            self._rld_stop_and_send(st)
+        else:
+            st.k_sent = 1 + R.produced(rid)
+            self.loop.after(self.half_rtt, self._md_extend, rid, st.k_sent, False)
+
+    def _rld_stop_and_send(self, st: _State) -> None:
+        rid = st.w.request_id
+        R = self.R[st.r]
+        produced = 1 + R.leave(rid)
+        R.release(rid)
+        st.rld = "handed"
+        st.rec.tokens_rld = produced
+        st.rld_last_tok_s = self.loop.now
+        self.loop.after(self.half_rtt, self._md_extend, rid, produced, True)
+
+    def _md_extend(self, rid: str, k_total: int, final: bool) -> None:
+        st = self.states.get(rid)
+        if st is None:
+            self._orphan_release(rid)
+            return
+        new = k_total - st.k_md
+        chunk = Chunk(max(new, 1), st.w.input_len + st.k_md)
+        st.k_md = k_total
+        self.D[st.d].extend(rid, chunk, lambda key, f=final: self._md_extended(key, f))
+
+    def _md_extended(self, rid: str, final: bool) -> None:
+        st = self.states.get(rid)
+        if st is None:
+            self._orphan_release(rid)
+            return
+        if not final:
+            self.loop.after(self.half_rtt, self._catch_up_poll, rid)
+            return
+        now = self.loop.now
+        st.md = "running"
+        st.rec.handoff_gap_s = now + self.half_rtt - st.rld_last_tok_s
+        rest = st.w.max_output_tokens - st.k_md
+        st.rec.tokens_md = rest
+        if rest <= 1:
+            self._md_finish(rid)
+            return
+        self.D[st.d].join(rid, st.w.input_len + st.k_md + 1, rest - 1, self._md_finish)
+
+    def _catch_up_poll(self, rid: str) -> None:
+        st = self.states.get(rid)
+        if st is None:
+            self._orphan_release(rid)
+            return
+        R = self.R[st.r]
+        produced = 1 + R.produced(rid)
+        gap = produced - st.k_sent
+        st.rounds += 1
+        stop = (self.handoff.catch_up_done(gap) or st.rounds >= self.spec.max_catch_up_rounds
+                or gap >= st.last_gap)
+        st.last_gap = gap
+        if stop:
+            self._rld_stop_and_send(st)
+        else:
+            st.k_sent = produced
+            self.loop.after(self.half_rtt, self._md_extend, rid, produced, False)

@@ -1,0 +1,102 @@
+"""Command lines for real sglang servers and the upstream router on a CPU-only box.
+
+Every flag here is a verified requirement of sglang 0.5.23 on CPU (docs/cpu.md): the torch-native
+attention and sampling backends, fp32, a small static KV pool, no CUDA graphs, no grammar backend,
+no overlap scheduler (prefill's overlap path calls torch.cuda.Event) and `--sleep-on-idle` (without
+it every idle scheduler busy-polls a core, which starves a 2-core box).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+CPU_ENV = {
+    "SGLANG_USE_CPU_ENGINE": "1",
+    "MC_TCP_ENABLE_CONNECTION_POOL": "true",
+    "TOKENIZERS_PARALLELISM": "false",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+@dataclass
+class ServerConfig:
+    """One sglang server: role, where it listens, and any extra flags (e.g. `--pdd-role`)."""
+
+    model: str
+    port: int
+    host: str = "127.0.0.1"
+    mode: str = "null"  # sglang's --disaggregation-mode: null | prefill | decode
+    bootstrap_port: int = 8998
+    nccl_port: int | None = None
+    transfer_backend: str = "mooncake_tcp"
+    max_total_tokens: int = 16384
+    max_running_requests: int = 8
+    page_size: int = 1
+    decode_radix_cache: bool = False
+    enable_metrics: bool = True
+    extra: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def argv(self) -> list[str]:
+        a = [
+            sys.executable, "-m", "sglang.launch_server",
+            "--model-path", self.model, "--tokenizer-path", self.model,
+            "--host", self.host, "--port", str(self.port),
+            "--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
+            "--dtype", "float32", "--max-total-tokens", str(self.max_total_tokens),
+            "--mem-fraction-static", "0.3", "--max-running-requests", str(self.max_running_requests),
+            "--chunked-prefill-size", "-1", "--page-size", str(self.page_size),
+            "--disable-cuda-graph", "--grammar-backend", "none", "--disable-overlap-schedule",
+            "--sleep-on-idle", "--skip-server-warmup", "--log-level", "info",
+        ]
+        if self.enable_metrics:
+            a.append("--enable-metrics")
+        if self.nccl_port is not None:
+            a += ["--nccl-port", str(self.nccl_port)]
+        if self.mode != "null":
+            a += [
+                "--disaggregation-mode", self.mode,
+                "--disaggregation-transfer-backend", self.transfer_backend,
+                "--disaggregation-bootstrap-port", str(self.bootstrap_port),
+            ]
+        if self.mode == "decode":
+            a += ["--disaggregation-decode-retraction-backup", "cpu_tensor"]
+            if self.decode_radix_cache:
+                a.append("--disaggregation-decode-enable-radix-cache")
+        return a + list(self.extra)
+
+    def environ(self) -> dict[str, str]:
+        return {**CPU_ENV, "SGLANG_HOST_IP": self.host, **self.env}
+
+
+@dataclass
+class RouterConfig:
+    """Upstream sglang-router in PD mode (Python mini load balancer by default)."""
+
+    prefill: list[tuple[str, int]]  # (url, bootstrap port)
+    decode: list[str]
+    port: int
+    host: str = "127.0.0.1"
+    mini_lb: bool = True
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def argv(self) -> list[str]:
+        a = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation"]
+        if self.mini_lb:
+            a.append("--mini-lb")
+        for url, bport in self.prefill:
+            a += ["--prefill", url, str(bport)]
+        for url in self.decode:
+            a += ["--decode", url]
+        return a + ["--host", self.host, "--port", str(self.port)]
+
+    def environ(self) -> dict[str, str]:
+        return {"PYTHONUNBUFFERED": "1"}

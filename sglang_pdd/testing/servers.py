@@ -1,0 +1,142 @@
+"""Start, wait for, and stop server processes (sglang servers, routers) with their own logs.
+
+Each server runs in its own session / process group, so `stop()` ends exactly the processes that
+server started (its scheduler and detokenizer included) and nothing else. Readiness is an HTTP
+probe; a process that dies while starting raises at once with the tail of its log.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from typing import Protocol
+
+logger = logging.getLogger(__name__)
+
+
+class Launchable(Protocol):
+    url: str
+
+    def argv(self) -> list[str]: ...
+
+    def environ(self) -> dict[str, str]: ...
+
+
+class ServerStartError(RuntimeError):
+    pass
+
+
+def http_json(url: str, body: dict | None = None, timeout: float = 120.0) -> tuple[int, dict | str]:
+    """POST `body` (or GET when None); return (status, parsed JSON or text). Never raises on 4xx/5xx."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            status, raw = r.status, r.read()
+    except urllib.error.HTTPError as e:
+        status, raw = e.code, e.read()
+    text = raw.decode(errors="replace")
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
+
+
+class ServerProcess:
+    def __init__(self, name: str, config: Launchable, log_dir: str):
+        self.name = name
+        self.config = config
+        self.log_path = os.path.join(log_dir, f"{name}.log")
+        self.proc: subprocess.Popen | None = None
+        self.started_at = 0.0
+        self.ready_after_s: float | None = None
+
+    @property
+    def url(self) -> str:
+        return self.config.url
+
+    def start(self) -> "ServerProcess":
+        os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
+        log = open(self.log_path, "ab")
+        env = {**os.environ, **self.config.environ()}
+        self.started_at = time.monotonic()
+        self.proc = subprocess.Popen(
+            self.config.argv(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=env, start_new_session=True,
+        )
+        log.close()
+        logger.info("started %s (pid %d): %s", self.name, self.proc.pid, self.log_path)
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_ready(self, timeout_s: float = 240.0, path: str = "/health") -> "ServerProcess":
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise ServerStartError(f"{self.name} exited ({self.proc.returncode}) while starting:\n{self.log_tail()}")
+            try:
+                status, _ = http_json(self.url + path, timeout=5)
+                if status == 200:
+                    self.ready_after_s = time.monotonic() - self.started_at
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise ServerStartError(f"{self.name} not ready after {timeout_s:.0f}s:\n{self.log_tail()}")
+
+    def log_text(self) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def group_pids(self) -> list[int]:
+        """Live processes of this server's process group."""
+        if self.proc is None:
+            return []
+        pgid, out = self.proc.pid, []
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z" and int(fields[2]) == pgid:
+                out.append(int(d))
+        return out
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        """SIGTERM the server's process group, SIGKILL whatever is left after `grace_s`."""
+        if self.proc is None:
+            return
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            if not self.group_pids():
+                break
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline and self.group_pids():
+                time.sleep(0.2)
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        left = self.group_pids()
+        if left:
+            logger.error("%s: processes survived SIGKILL: %s", self.name, left)
