@@ -15,8 +15,10 @@ Model of a session (one agent run):
   p = round(h * L) tokens of the history are kept and the rest is rewritten.
 * A fraction `odd_fraction` of turns are long-input / short-output ("odd traffic", PDD.md §4):
   their output length comes from `odd_output_len`.
-* Sessions start as a Poisson process; turns within a session are separated by exponential
-  think times, so the superposed request stream has rate ~`request_rate`.
+* Sessions start as a Poisson process. A turn follows the previous one's completion after an
+  exponential think time (tool execution, user): `think_s` records it for closed-loop replay
+  (the simulator, a closed-loop client); `arrival_s` places it in open-loop time assuming the
+  previous output streamed at `nominal_tpot_s`. Open loop, the request rate is ~`request_rate`.
 
 Requests carry a compact deterministic spec of their prompt (a list of `Segment`s: seeded
 pseudo-random token runs, or "the output of turn t" of the same session) that expands to
@@ -105,6 +107,7 @@ class WorkloadRequest:
     segments: tuple[Segment, ...] = ()
     warmup: bool = False
     odd: bool = False  # ground-truth label only; routers must not read it
+    think_s: float = 0.0  # gap after the previous turn of the session completes (closed loop)
 
     @property
     def hit_rate(self) -> float:
@@ -147,6 +150,7 @@ class WorkloadRequest:
             segments=segs,
             warmup=bool(d.get("warmup", False)),
             odd=bool(d.get("odd", False)),
+            think_s=float(d.get("think_s", 0.0)),
         )
 
 
@@ -163,7 +167,8 @@ class WorkloadConfig:
     system_prompt_len: int = 256
     agent_types: int = 4
     mean_turns: float = 8.0  # turns per session ~ 1 + geometric
-    think_time_s: float = 5.0  # mean gap between turns of one session
+    think_time_s: float = 5.0  # mean gap between a turn's completion and the next turn
+    nominal_tpot_s: float = 0.03  # to place turns in open-loop time: arrival += out * this
     vocab_size: int = 4096
     seed: int = 0
 
@@ -209,7 +214,8 @@ class _Session:
         self.history = body
         return h, L
 
-    def turn(self, t: int, arrival: float, h: float | None = None, L: int | None = None) -> WorkloadRequest:
+    def turn(self, t: int, arrival: float, think: float, h: float | None = None,
+             L: int | None = None) -> WorkloadRequest:
         cfg, rng = self.cfg, self.rng
         H = sum(s.length for s in self.history)
         if h is None:
@@ -224,19 +230,19 @@ class _Session:
         odd = bool(rng.random() < cfg.odd_fraction)
         out = (cfg.odd_output_len if odd else cfg.output_len).sample(rng)
         req = WorkloadRequest(f"s{self.sid}-t{t}", self.sid, self.agent, t, arrival, L, p, out,
-                              tuple(prompt), odd=odd)
+                              tuple(prompt), odd=odd, think_s=think)
         self.history = prompt + [Segment(_seed(cfg.seed, 3, self.sid, t), out, SOURCE_OUTPUT, t)]
         return req
 
 
 def generate(cfg: WorkloadConfig, include_warmup: bool = True) -> list[WorkloadRequest]:
-    """All requests of the configured window, sorted by arrival time (warm-ups at the session
-    start, one think time before turn 1; they may have negative arrival times)."""
+    """All requests of the configured window, sorted by arrival time. A session's first turn in
+    the window is preceded by its warm-up (`warmup_for`)."""
     rng = np.random.default_rng(cfg.seed)
     mean_turns = max(cfg.mean_turns, 1.0)
     session_rate = cfg.request_rate / mean_turns
     # Sessions started before t=0 too, so the window is in steady state from the start.
-    t = -mean_turns * cfg.think_time_s
+    t = -mean_turns * (cfg.think_time_s + cfg.output_len.mean * cfg.nominal_tpot_s)
     reqs: list[WorkloadRequest] = []
     sid = 0
     while True:
@@ -246,11 +252,12 @@ def generate(cfg: WorkloadConfig, include_warmup: bool = True) -> list[WorkloadR
         sess = _Session(cfg, sid, rng)
         n_turns = int(rng.geometric(1.0 / mean_turns)) if mean_turns > 1 else 1
         h1, L1 = sess.start()
-        arrival, turns = t, []
+        arrival, think, turns = t, 0.0, []
         for k in range(1, n_turns + 1):
-            req = sess.turn(k, arrival, h1 if k == 1 else None, L1 if k == 1 else None)
+            req = sess.turn(k, arrival, think, h1 if k == 1 else None, L1 if k == 1 else None)
             turns.append(req)
-            arrival += rng.exponential(cfg.think_time_s)
+            think = float(rng.exponential(cfg.think_time_s))
+            arrival += req.max_output_tokens * cfg.nominal_tpot_s + think
         turns = [r for r in turns if 0.0 <= r.arrival_s < cfg.duration_s]
         if turns:
             first = turns[0]

@@ -114,19 +114,40 @@ class Cluster:
         self.finish_count: dict[str, int] = {}
         self.fast_bytes = 0.0
         self._orphans: dict[str, int] = {}  # MD reservations whose RLD finished mid-handoff
+        self._later: dict[int, list[WorkloadRequest]] = {}  # closed loop: turns not yet released
+        self.closed_loop = True
 
     # ----- driving -----
-    def run(self, requests: Iterable[WorkloadRequest], until: float = math.inf) -> list[RequestRecord]:
-        reqs = sorted(requests, key=lambda r: r.arrival_s)
-        t0 = min((r.arrival_s for r in reqs), default=0.0)
+    def run(self, requests: Iterable[WorkloadRequest], until: float = math.inf,
+            closed_loop: bool = True) -> list[RequestRecord]:
+        """Replay `requests`. Closed loop (default): a session's first request arrives at its
+        `arrival_s`, each later turn `think_s` after the previous one completes (an agent waits
+        for its answer). Open loop: every request at its `arrival_s`."""
+        reqs = sorted(requests, key=lambda r: (r.arrival_s, r.turn))
+        self.closed_loop = closed_loop
+        first: list[WorkloadRequest] = []
+        if closed_loop:
+            seen: set[int] = set()
+            for r in sorted(reqs, key=lambda r: (r.session_id, r.turn)):
+                if r.session_id in seen and not r.warmup:
+                    self._later.setdefault(r.session_id, []).append(r)
+                else:
+                    first.append(r)
+                    if not r.warmup:
+                        seen.add(r.session_id)
+            for lst in self._later.values():
+                lst.reverse()  # pop() gives the next turn
+            first.sort(key=lambda r: (r.arrival_s, r.turn))
+        else:
+            first = reqs
+        t0 = min((r.arrival_s for r in first), default=0.0)
         self.loop.now = min(0.0, t0)
-        it = iter(reqs)
+        it = iter(first)
 
         def feed() -> None:
             w = next(it, None)
-            if w is None:
-                return
-            self.loop.at(max(w.arrival_s, self.loop.now), self._arrive_then, w, feed)
+            if w is not None:
+                self.loop.at(max(w.arrival_s, self.loop.now), self._arrive_then, w, feed)
 
         feed()
         self.loop.run(until)
@@ -135,6 +156,12 @@ class Cluster:
     def _arrive_then(self, w: WorkloadRequest, feed) -> None:
         self._arrive(w)
         feed()
+
+    def _release_next(self, session: int, t_done: float) -> None:
+        lst = self._later.get(session)
+        if lst:
+            w = lst.pop()
+            self.loop.at(t_done + w.think_s, self._arrive, w)
 
     # ----- helpers -----
     def _md_of(self, w: WorkloadRequest) -> int:
@@ -158,6 +185,8 @@ class Cluster:
             raise RuntimeError(f"{rid} finished twice")
         st.rec.finish_s, st.rec.finished = t, True
         del self.states[rid]
+        if self.closed_loop:
+            self._release_next(st.w.session_id, t)
 
     # ----- arrival and prefill -----
     def _arrive(self, w: WorkloadRequest) -> None:
@@ -171,7 +200,7 @@ class Cluster:
         if self.policy is not None:
             dec = self.policy.decide(RouteInputs(w.input_len, md_hit, w.max_output_tokens))
             pipeline, reason = dec.pipeline, dec.reason
-        rec = RequestRecord(w.request_id, w.session_id, w.turn, w.arrival_s, w.input_len,
+        rec = RequestRecord(w.request_id, w.session_id, w.turn, self.loop.now, w.input_len,
                             w.max_output_tokens, w.prefix_hit_len, md_hit, pipeline.value,
                             reason, w.odd)
         self.records.append(rec)
