@@ -9,24 +9,31 @@ Import the fixtures into a conftest.py (pytest only honours `pytest_plugins` in 
         proc = subprocess.Popen(tb.ns("B").argv([...]))
 
 Tests skip (with the reason) where the testbed cannot run: not root, no iproute2 (`ip`, `tc`), no
-iptables. Every testbed gets a prefix unique to this pytest process and its state goes to a pytest
-temp directory, so concurrent runs and an interrupted earlier run do not collide.
+iptables. Every testbed gets a prefix unique to this pytest process (`pt<pid>n<k>`) and its state
+goes to a pytest temp directory, so concurrent runs do not collide; namespaces left by a pytest
+process that no longer exists are deleted when the fixture starts.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import os
+import re
+import subprocess
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
 
-from ..netns import netns_supported
+from ..netns import NetNS, netns_supported
 from .link import tools_missing
 from .testbed import Testbed
 
+logger = logging.getLogger(__name__)
+
 _counter = itertools.count()
+STEM = "pt"
 
 
 def why_no_testbed(backend: str = "nfqueue") -> str | None:
@@ -40,9 +47,26 @@ def why_no_testbed(backend: str = "nfqueue") -> str | None:
     return None
 
 
-def unique_prefix(stem: str = "pt") -> str:
+def unique_prefix(stem: str = STEM) -> str:
     """A namespace prefix unique to this process and call (e.g. `pt4711n3`)."""
     return f"{stem}{os.getpid()}n{next(_counter)}"
+
+
+def prune_stale(stem: str = STEM) -> list[str]:
+    """Delete the namespaces of fixture testbeds whose pytest process is gone (killed before its
+    teardown ran); their prefix names the owner PID. Returns the names deleted."""
+    pattern = re.compile(rf"^{re.escape(stem)}(\d+)n\d+[AB]$")
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    pruned = []
+    for line in out.splitlines():
+        name = line.split()[0] if line.strip() else ""
+        m = pattern.match(name)
+        if m and int(m.group(1)) != os.getpid() and not os.path.exists(f"/proc/{m.group(1)}"):
+            NetNS(name).delete()
+            pruned.append(name)
+    if pruned:
+        logger.info("pruned stale testbed namespaces: %s", " ".join(pruned))
+    return pruned
 
 
 TestbedFactory = Callable[..., Testbed]
@@ -56,6 +80,7 @@ def testbed_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbe
     reason = why_no_testbed()
     if reason:
         pytest.skip(reason)
+    prune_stale()
     run_dir: Path = tmp_path_factory.mktemp("testbed")
     made: list[Testbed] = []
 

@@ -139,3 +139,48 @@ def test_cli_up_probe_down(tmp_path):
     _assert_gone(Testbed(prefix, run_dir=tmp_path))
     gone = subprocess.run([*cli, "probe", *where], capture_output=True, text=True, timeout=60)
     assert gone.returncode == 1 and "not up" in gone.stderr
+
+
+@pytest.mark.usefixtures("testbed_factory")  # for its skip reasons
+def test_fixture_prunes_namespaces_of_dead_pytest_runs_only():
+    from sglang_pdd.netns import NetNS
+    from sglang_pdd.testbed.pytest_plugin import prune_stale
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    alive = subprocess.Popen(["sleep", "60"])
+    stale, live = NetNS(f"pt{gone.pid}n0A").create(), NetNS(f"pt{alive.pid}n0A").create()
+    try:
+        assert stale.name in prune_stale()
+        assert not stale.exists() and live.exists()
+    finally:
+        live.delete()
+        stale.delete()
+        alive.kill()
+        alive.wait()
+
+
+@pytest.mark.usefixtures("testbed_factory")
+def test_netem_backend_is_used_or_refused_clearly(tmp_path):
+    from sglang_pdd.netns import NetNS
+    from sglang_pdd.testbed import TestbedError
+    from sglang_pdd.testbed.link import netem_available
+
+    probe_ns = NetNS(f"pn{os.getpid()}").create()
+    try:
+        has_netem = netem_available(probe_ns)
+    finally:
+        probe_ns.delete()
+    tb = Testbed(f"pn{os.getpid()}x", delay_ms=5.0, rate_mbit=100.0, backend="netem", run_dir=tmp_path)
+    try:
+        if not has_netem:
+            with pytest.raises(TestbedError, match="netem"):
+                tb.up()
+            _assert_gone(tb)
+        else:
+            tb.up()
+            assert tb.backend == "netem" and tb.daemon_pids() == {}
+            with tb.probe_server("B") as port:
+                assert 0.9 * 10.0 <= _echo_ok(tb, port) <= 1.5 * 10.0 + 5.0
+    finally:
+        tb.down()
