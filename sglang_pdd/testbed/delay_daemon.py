@@ -3,7 +3,10 @@
 Run as `python -m sglang_pdd.testbed.delay_daemon --queue 0 --delay-ms 20 ...` inside a namespace
 whose `raw PREROUTING -i wan0 -j NFQUEUE --queue-num 0` rule hands it every packet arriving over the
 link. It never sees payloads (COPY_META): it holds each packet id until its release time and then
-accepts every due packet with one verdict batch. Loss is a drop verdict on arrival.
+accepts every due packet with one verdict batch. Loss is a drop verdict on arrival. GSO packets
+(up to 64 KB) are queued whole, except with `--per-packet` (the testbed sets it when loss > 0, so
+that a loss is one wire packet, not a burst of 40): the kernel then segments them first, which costs
+the daemon one message per wire packet.
 
 Release time of packet k = max(release of k-1, arrival + delay + jitter sample): jitter never
 reorders (netem would), so a TCP flow sees delay variation but no reordering, and the batch verdict
@@ -76,9 +79,9 @@ class _Stopped(Exception):
 class DelayDaemon:
     """Serves one NFQUEUE with a LinkSchedule until SIGTERM/SIGINT."""
 
-    def __init__(self, queue_num: int, schedule: LinkSchedule, maxlen: int = 65536) -> None:
+    def __init__(self, queue_num: int, schedule: LinkSchedule, maxlen: int = 65536, gso: bool = True) -> None:
         self.schedule = schedule
-        self.queue = QueueSocket(queue_num, maxlen=maxlen)
+        self.queue = QueueSocket(queue_num, maxlen=maxlen, gso=gso)
         self.accepted_batches = 0
         self.dropped = 0
 
@@ -116,6 +119,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--loss-pct", type=float, default=0.0, help="packet loss probability, percent")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--maxlen", type=int, default=65536, help="kernel queue length, packets")
+    p.add_argument("--per-packet", action="store_true",
+                   help="queue wire-size packets, not whole GSO packets (exact loss, more CPU)")
     p.add_argument("--ready-file", type=Path, default=None, help="written once the queue is bound")
     p.add_argument("--tag", default="", help="free text naming the link (shows in ps and logs)")
     return p.parse_args(argv)
@@ -129,10 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     except OSError:
         pass
     schedule = LinkSchedule(args.delay_ms / 1e3, args.jitter_ms / 1e3, args.loss_pct / 100.0, random.Random(args.seed))
-    daemon = DelayDaemon(args.queue, schedule, maxlen=args.maxlen)
+    daemon = DelayDaemon(args.queue, schedule, maxlen=args.maxlen, gso=not args.per_packet)
     signal.signal(signal.SIGTERM, daemon.stop)
     signal.signal(signal.SIGINT, daemon.stop)
-    logger.info("queue %d bound: delay %.3f ms, jitter %.3f ms, loss %.3f %%", args.queue, args.delay_ms, args.jitter_ms, args.loss_pct)
+    logger.info("queue %d bound: delay %.3f ms, jitter %.3f ms, loss %.3f %%%s", args.queue, args.delay_ms,
+                args.jitter_ms, args.loss_pct, ", per packet" if args.per_packet else "")
     if args.ready_file is not None:
         tmp = args.ready_file.with_suffix(".tmp")
         tmp.write_text(str(os.getpid()))

@@ -103,13 +103,14 @@ def config_unbind(queue_num: int, seq: int = 0) -> bytes:
     return encode_message(NFQNL_MSG_CONFIG, queue_num, encode_attr(NFQA_CFG_CMD, cmd), NLM_F_REQUEST | NLM_F_ACK, seq)
 
 
-def config_meta_gso(queue_num: int, maxlen: int, seq: int = 0) -> bytes:
-    """Copy metadata only, queue up to `maxlen` packets, keep GSO packets whole."""
+def config_meta_gso(queue_num: int, maxlen: int, seq: int = 0, gso: bool = True) -> bytes:
+    """Copy metadata only, queue up to `maxlen` packets, keep GSO packets whole (or, with
+    `gso=False`, have the kernel cut them into wire-size packets before queueing)."""
     attrs = (
         encode_attr(NFQA_CFG_PARAMS, struct.pack("!IB", 0xFFFF, NFQNL_COPY_META))
         + encode_attr(NFQA_CFG_QUEUE_MAXLEN, struct.pack("!I", maxlen))
         + encode_attr(NFQA_CFG_MASK, struct.pack("!I", NFQA_CFG_F_GSO))
-        + encode_attr(NFQA_CFG_FLAGS, struct.pack("!I", NFQA_CFG_F_GSO))
+        + encode_attr(NFQA_CFG_FLAGS, struct.pack("!I", NFQA_CFG_F_GSO if gso else 0))
     )
     return encode_message(NFQNL_MSG_CONFIG, queue_num, attrs, NLM_F_REQUEST | NLM_F_ACK, seq)
 
@@ -167,7 +168,7 @@ class QueueSocket:
 
     RECV_BUF = 64 * 1024
 
-    def __init__(self, queue_num: int, maxlen: int = 65536, rcvbuf: int = 64 << 20) -> None:
+    def __init__(self, queue_num: int, maxlen: int = 65536, rcvbuf: int = 64 << 20, gso: bool = True) -> None:
         self.queue_num = queue_num
         self._seq = 0
         self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
@@ -177,7 +178,7 @@ class QueueSocket:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         self.sock.bind((0, 0))
         self._request(config_bind(queue_num, self._next_seq()))
-        self._request(config_meta_gso(queue_num, maxlen, self._next_seq()))
+        self._request(config_meta_gso(queue_num, maxlen, self._next_seq(), gso))
 
     def _next_seq(self) -> int:
         self._seq += 1

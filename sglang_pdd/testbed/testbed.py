@@ -201,7 +201,7 @@ class Testbed:
             ready.unlink(missing_ok=True)
             argv = [sys.executable, "-m", DAEMON_MODULE, "--queue", str(link.NFQUEUE_NUM),
                     "--delay-ms", f"{cfg.delay_ms}", "--jitter-ms", f"{cfg.jitter_ms}", "--loss-pct", f"{cfg.loss_pct}",
-                    "--ready-file", str(ready), "--tag", tag]
+                    "--ready-file", str(ready), "--tag", tag] + (["--per-packet"] if cfg.loss_pct > 0 else [])
             with open(self.run_dir / f"{self.prefix}-{side}.log", "ab") as log:
                 proc = subprocess.Popen(self._ns[side].argv(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                         env=env, start_new_session=True)

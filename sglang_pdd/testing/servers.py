@@ -140,3 +140,27 @@ class ServerProcess:
         left = self.group_pids()
         if left:
             logger.error("%s: processes survived SIGKILL: %s", self.name, left)
+
+
+class ServerGroup:
+    """Servers started together (one test module, the demo, one benchmark system); stopped in reverse order."""
+
+    def __init__(self, log_dir: str):
+        self.log_dir = log_dir
+        self.servers: list[ServerProcess] = []
+
+    def start(self, name: str, config: Launchable) -> ServerProcess:
+        s = ServerProcess(name, config, self.log_dir).start()
+        self.servers.append(s)
+        return s
+
+    def stop(self) -> None:
+        for s in reversed(self.servers):
+            s.stop()
+        self.servers.clear()
+
+    def __enter__(self) -> "ServerGroup":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

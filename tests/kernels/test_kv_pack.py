@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import HAS_CUDA
 
 from sglang_pdd.kernels import KernelArgumentError, PackLayout, pack_kv, pack_kv_ref, unpack_kv
 from sglang_pdd.kernels.kv_pack_layout import FP8_MAX
 
 pytest.importorskip("triton")
+HAS_CUDA = torch.cuda.is_available()
 
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if HAS_CUDA else [])
 

@@ -1,0 +1,94 @@
+"""Shared fixtures: the tiny model, a private network namespace, and real sglang servers in it.
+
+Server tests (marked `e2e`) run every server inside one private network namespace that the test
+process itself enters at the start of the session (sglang's `--nccl-port` store and Mooncake listen
+on all interfaces). Artifacts (model cache, server logs) go under `.artifacts/` in the repo, or
+`$SGLANG_PDD_ARTIFACTS`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ARTIFACTS = os.environ.get("SGLANG_PDD_ARTIFACTS", os.path.join(REPO, ".artifacts"))
+
+
+def _sglang_importable() -> tuple[bool, str]:
+    try:
+        import sglang  # noqa: F401
+        import transformers  # noqa: F401
+    except Exception as e:  # pragma: no cover - depends on the environment
+        return False, f"sglang environment not installed ({e}); run scripts/install-cpu.sh"
+    return True, ""
+
+
+@pytest.fixture(scope="session")
+def artifacts_dir() -> str:
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    return ARTIFACTS
+
+
+@pytest.fixture(scope="session")
+def tiny_model(artifacts_dir) -> str:
+    ok, why = _sglang_importable()
+    if not ok:
+        pytest.skip(why)
+    from sglang_pdd.testing.tiny_model import build_cached
+
+    return build_cached(os.path.join(artifacts_dir, "models"))
+
+
+@pytest.fixture(scope="session")
+def prompts(tiny_model):
+    from sglang_pdd.testing.prompts import PromptMaker
+
+    return PromptMaker(tiny_model)
+
+
+@pytest.fixture(scope="session")
+def private_netns():
+    """Move this test process (and so every server it starts) into a fresh network namespace."""
+    from sglang_pdd.netns import NetNS, netns_supported
+
+    ok, why = netns_supported()
+    if not ok:
+        pytest.skip(f"server tests need a private network namespace: {why}")
+    ns = NetNS(f"pdd-e2e-{os.getpid()}").create()
+    ns.enter()
+    yield ns
+    ns.delete()
+
+
+@pytest.fixture(scope="session")
+def log_dir(artifacts_dir) -> str:
+    d = os.path.join(artifacts_dir, "logs", time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+@pytest.fixture(scope="session")
+def reference_server(private_netns, tiny_model, log_dir):
+    """A single (non-disaggregated) sglang server: the reference for token identity."""
+    from sglang_pdd.testing.launch_args import ServerConfig
+    from sglang_pdd.testing.servers import ServerGroup
+
+    ss = ServerGroup(log_dir)
+    s = ss.start("reference", ServerConfig(model=tiny_model, port=30000, nccl_port=31000))
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        ss.stop()
+
+
+@pytest.fixture(scope="module")
+def server_group(private_netns, log_dir):
+    """Servers of one test module, stopped when the module is done (keeps memory use bounded)."""
+    from sglang_pdd.testing.servers import ServerGroup
+
+    with ServerGroup(log_dir) as group:
+        yield group

@@ -1,0 +1,40 @@
+"""Server sets for the e2e modules (one concept: which servers a test needs, on which ports)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+from sglang_pdd.testing.launch_args import RouterConfig, ServerConfig
+from sglang_pdd.testing.servers import ServerProcess
+
+
+@dataclass
+class PD:
+    prefill: ServerProcess
+    decode: ServerProcess
+    bootstrap_port: int
+    router: ServerProcess | None = None
+
+
+def start_pd(server_set, model: str, *, base_port: int, bootstrap_port: int, router: bool = False,
+             prefill_extra: list[str] = (), decode_extra: list[str] = (), decode_radix_cache: bool = False) -> PD:
+    p = server_set.start(f"prefill-{base_port}", ServerConfig(
+        model=model, port=base_port, nccl_port=base_port + 1000, mode="prefill",
+        bootstrap_port=bootstrap_port, extra=list(prefill_extra)))
+    d = server_set.start(f"decode-{base_port + 1}", ServerConfig(
+        model=model, port=base_port + 1, nccl_port=base_port + 1001, mode="decode",
+        bootstrap_port=bootstrap_port, decode_radix_cache=decode_radix_cache, extra=list(decode_extra)))
+    p.wait_ready()
+    d.wait_ready()
+    pd = PD(prefill=p, decode=d, bootstrap_port=bootstrap_port)
+    if router:
+        pd.router = server_set.start(f"router-{base_port + 2}", RouterConfig(
+            prefill=[(p.url, bootstrap_port)], decode=[d.url], port=base_port + 2)).wait_ready()
+    return pd
+
+
+def kv_bytes_per_token(model_dir: str) -> int:
+    with open(os.path.join(model_dir, "sglang_pdd_tiny_model.json")) as f:
+        return json.load(f)["kv_bytes_per_token"]

@@ -1,0 +1,60 @@
+import importlib.metadata
+
+import pytest
+
+pytest.importorskip("sglang.srt.plugins.hook_registry", reason="needs the sglang environment")
+
+from sglang_pdd import plugin  # noqa: E402
+
+
+def test_entry_point_names_the_loader():
+    eps = importlib.metadata.entry_points(group="sglang.srt.plugins")
+    assert any(ep.name == "pdd" and ep.value == "sglang_pdd.plugin:load" for ep in eps)
+
+
+def test_every_hook_target_exists_in_the_installed_sglang():
+    assert plugin.missing_targets() == []
+
+
+def test_a_renamed_target_is_reported_by_name():
+    hooks = (
+        plugin.Hook("sglang.srt.managers.scheduler.Scheduler.no_such_method", "transfer:around_send_aux", "AROUND"),
+        plugin.Hook("sglang.srt.no_such_module.Thing.fn", "transfer:around_send_aux", "AROUND"),
+    )
+    missing = plugin.missing_targets(hooks)
+    assert len(missing) == 2
+    assert "Scheduler.no_such_method (no attribute 'no_such_method'" in missing[0]
+    assert missing[1].startswith("sglang.srt.no_such_module.Thing.fn (")
+
+
+def test_every_hook_body_resolves():
+    for h in plugin.HOOKS:
+        assert callable(h.resolve_body()), h.body
+
+
+def test_load_is_idempotent_and_hooks_apply(monkeypatch):
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    monkeypatch.setattr(HookRegistry, "_hooks", type(HookRegistry._hooks)(list))
+    monkeypatch.setattr(HookRegistry, "_patched", set())
+    monkeypatch.setattr(plugin, "_loaded", False)
+    with pytest.raises(plugin.PluginLoadError, match="never registered"):
+        plugin.require_hooks_applied()
+    plugin.load()
+    plugin.load()
+    assert all(len(HookRegistry._hooks[h.target]) == 1 for h in plugin.HOOKS)
+    with pytest.raises(plugin.PluginLoadError, match="not applied"):
+        plugin.require_hooks_applied()
+    originals = {}
+    for h in plugin.HOOKS:
+        owner, _, attr = h.target.rpartition(".")
+        import pkgutil
+
+        obj = pkgutil.resolve_name(owner)
+        originals[(obj, attr)] = obj.__dict__[attr]
+    try:
+        HookRegistry.apply_hooks()
+        plugin.require_hooks_applied()
+    finally:
+        for (obj, attr), orig in originals.items():
+            setattr(obj, attr, orig)

@@ -1,0 +1,58 @@
+"""The server harness starts, probes and stops exactly its own process tree."""
+
+import os
+import sys
+import textwrap
+
+import pytest
+
+from sglang_pdd.testing.servers import ServerGroup, ServerStartError, http_json
+
+HTTP_SERVER = textwrap.dedent("""
+    import http.server, subprocess, sys
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    print("child", child.pid, flush=True)
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.end_headers(); self.wfile.write(b'{"ok": true}')
+        def log_message(self, *a): pass
+    http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+""")
+
+
+class Script:
+    def __init__(self, code: str, port: int):
+        self.code, self.port = code, port
+        self.url = f"http://127.0.0.1:{port}"
+
+    def argv(self):
+        return [sys.executable, "-c", self.code, str(self.port)]
+
+    def environ(self):
+        return {}
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_start_wait_and_stop_the_whole_process_group(tmp_path):
+    with ServerGroup(str(tmp_path)) as group:
+        s = group.start("web", Script(HTTP_SERVER, free_port())).wait_ready(timeout_s=30)
+        assert http_json(s.url + "/health")[0] == 200
+        pids = s.group_pids()
+        assert len(pids) == 2  # the server and the child it spawned
+    assert s.group_pids() == []
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+
+
+def test_a_server_that_dies_while_starting_raises_with_its_log(tmp_path):
+    with ServerGroup(str(tmp_path)) as group:
+        s = group.start("broken", Script("import sys; print('bad flag --x'); sys.exit(3)", free_port()))
+        with pytest.raises(ServerStartError, match=r"exited \(3\)[\s\S]*bad flag --x"):
+            s.wait_ready(timeout_s=30)
