@@ -2,8 +2,8 @@
 
 Triton's wheel ships the NVIDIA backend and ptxas, so the whole pipeline (TTIR -> TTGIR -> LLIR -> PTX ->
 cubin) runs on a CPU box; only launching needs a driver. `compile_only()` installs a stand-in driver whose
-target is the chosen GPU, `compile_launch()` compiles exactly what a launcher would launch (the JIT's own
-warm-up path, with the launcher's arguments), and `resources()` reruns ptxas -v on the PTX to read
+target is the chosen GPU and turns every launch into the JIT's own warm-up (compile, don't run), so the
+real launchers compile exactly what they would launch; `resources()` reruns ptxas -v on the PTX to read
 registers and spill bytes. It catches what the interpreter cannot: compile errors (e.g. fp16 `tl.dot`
 with K < 16), shared memory over the device limit, register spills.
 
@@ -91,23 +91,33 @@ def _driver_class(arch: int) -> type:
 
 
 @contextlib.contextmanager
-def compile_only(arch: int = H200_ARCH) -> Iterator[None]:
-    """Within the block, Triton JIT functions compile for `arch` (e.g. 90 -> sm_90a) instead of running."""
+def compile_only(arch: int = H200_ARCH) -> Iterator[list[Any]]:
+    """Within the block, launching a Triton kernel compiles it for `arch` (90 -> sm_90a) and runs nothing.
+
+    Yields a list that collects the CompiledKernel of every launch, so an unchanged launcher can be driven
+    with CPU tensors (only shapes, dtypes, strides and alignment matter) to compile what it would launch.
+    """
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("compile-only needs TRITON_INTERPRET unset (run it in a subprocess)")
     from triton.runtime.driver import driver
+    from triton.runtime.jit import JITFunction
+
+    compiled: list[Any] = []
+    original_run = JITFunction.run
+
+    def run_as_warmup(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+        kernel = original_run(self, *args, grid=grid, warmup=True, **kwargs)
+        compiled.append(kernel)
+        return kernel
 
     previous = driver._active
     driver.set_active(_driver_class(arch)())
+    JITFunction.run = run_as_warmup  # type: ignore[method-assign]
     try:
-        yield
+        yield compiled
     finally:
+        JITFunction.run = original_run  # type: ignore[method-assign]
         driver._active = previous
-
-
-def compile_launch(jit_fn: Any, grid: tuple[int, ...], args: tuple[Any, ...], meta: dict[str, Any]) -> Any:
-    """Compile `jit_fn[grid](*args, **meta)` without launching it; returns Triton's CompiledKernel."""
-    return jit_fn.warmup(*args, grid=grid, **meta)
 
 
 _REG_RE = re.compile(r"Used (\d+) registers")

@@ -33,7 +33,7 @@ from .kv_pack_ref import pack_kv_ref, unpack_kv_ref
 
 logger = logging.getLogger(__name__)
 
-BLOCK_T = 16
+BLOCK_T = 8
 BLOCK_W = 512
 _PTR_TABLES: OrderedDict[tuple, torch.Tensor] = OrderedDict()
 
@@ -93,8 +93,9 @@ def _tl_dtype(dtype: torch.dtype):  # noqa: ANN202 - a triton.language dtype
     return {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}[dtype]
 
 
-def _launch(layout: PackLayout, packed: torch.Tensor, k_buffers: list[torch.Tensor],
-            v_buffers: list[torch.Tensor], slots: torch.Tensor, direction: str) -> None:
+def launch_pack_kernels(layout: PackLayout, packed: torch.Tensor, k_buffers: list[torch.Tensor],
+                        v_buffers: list[torch.Tensor], slots: torch.Tensor, direction: str) -> None:
+    """Launch the Triton pack ("pack") or unpack ("unpack") kernels; no checks (the public calls check)."""
     from triton import cdiv, next_power_of_2
 
     from . import kv_pack_triton as kern
@@ -151,7 +152,7 @@ def pack_kv(
         out[start:end].zero_()
     if resolve_backend(backend, device) == "torch":
         return pack_kv_ref(layout, k_buffers, v_buffers, slots, out), layout
-    _launch(layout, out, k_buffers, v_buffers, slots, "pack")
+    launch_pack_kernels(layout, out, k_buffers, v_buffers, slots, "pack")
     return out, layout
 
 
@@ -177,5 +178,5 @@ def unpack_kv(
     if resolve_backend(backend, slots.device) == "torch":
         unpack_kv_ref(layout, packed, k_buffers, v_buffers, slots)
         return layout
-    _launch(layout, packed, k_buffers, v_buffers, slots, "unpack")
+    launch_pack_kernels(layout, packed, k_buffers, v_buffers, slots, "unpack")
     return layout
