@@ -66,3 +66,9 @@ def test_error_and_ack_messages():
 def test_attributes_are_padded_to_four_bytes():
     a = nfq.encode_attr(1, b"abcde")
     assert len(a) == 12 and nfq.decode_attrs(a + nfq.encode_attr(2, b"x")) == {1: b"abcde", 2: b"x"}
+
+
+def test_per_packet_mode_clears_the_gso_flag_under_its_mask():
+    attrs = nfq.decode_attrs(nfq.config_meta_gso(0, maxlen=10, gso=False)[20:])
+    assert struct.unpack("!I", attrs[nfq.NFQA_CFG_MASK])[0] == nfq.NFQA_CFG_F_GSO
+    assert struct.unpack("!I", attrs[nfq.NFQA_CFG_FLAGS])[0] == 0
