@@ -22,7 +22,8 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from .config import LinkConfig
     from .testbed import SIDES, Testbed, TestbedError
 
-__all__ = ["LinkConfig", "SIDES", "Testbed", "TestbedError"]
+__all__ = ["SIDES", "LinkConfig", "Testbed", "TestbedError"]
 
 
 def __getattr__(name: str) -> Any:

@@ -55,7 +55,7 @@ class LinkConfig:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "LinkConfig":
+    def from_json(cls, d: dict[str, Any]) -> LinkConfig:
         return cls(**d)
 
     def describe(self) -> str:

@@ -17,8 +17,8 @@ import logging
 import os
 import socket
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 logger = logging.getLogger(__name__)
 

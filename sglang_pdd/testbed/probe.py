@@ -57,7 +57,7 @@ class _UdpLog:
 
 
 class _Handler(socketserver.BaseRequestHandler):
-    server: "ProbeServer"
+    server: ProbeServer
 
     def handle(self) -> None:
         sock: socket.socket = self.request

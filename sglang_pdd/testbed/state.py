@@ -63,7 +63,7 @@ class RunState:
         tmp.rename(self.path(run_dir, self.prefix))
 
     @classmethod
-    def load(cls, run_dir: Path, prefix: str) -> "RunState | None":
+    def load(cls, run_dir: Path, prefix: str) -> RunState | None:
         p = cls.path(run_dir, prefix)
         try:
             d = json.loads(p.read_text())

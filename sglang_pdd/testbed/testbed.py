@@ -23,15 +23,24 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterator
 
 from ..netns import NetNS, netns_supported
 from . import link
 from .config import LinkConfig
 from .probe import ProbeReport
-from .state import DAEMON_MODULE, DaemonRecord, RunState, check_prefix, default_run_dir, find_daemons, is_our_daemon, stop_daemon
+from .state import (
+    DAEMON_MODULE,
+    DaemonRecord,
+    RunState,
+    check_prefix,
+    default_run_dir,
+    find_daemons,
+    is_our_daemon,
+    stop_daemon,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +94,7 @@ class Testbed:
         self.backend = ""  # resolved by up()
 
     @classmethod
-    def from_state(cls, prefix: str, run_dir: str | Path | None = None) -> "Testbed":
+    def from_state(cls, prefix: str, run_dir: str | Path | None = None) -> Testbed:
         """The testbed a previous `up()` (maybe in another process) recorded under `run_dir`."""
         rd = Path(run_dir) if run_dir is not None else default_run_dir()
         st = RunState.load(rd, prefix)
@@ -138,7 +147,7 @@ class Testbed:
         alive = {d.side for d in st.daemons if is_our_daemon(d.pid, d.tag)}
         return alive == (set(SIDES) if want else set())
 
-    def up(self) -> "Testbed":
+    def up(self) -> Testbed:
         ok, why = netns_supported()
         if not ok:
             raise TestbedError(why)
@@ -271,7 +280,7 @@ class Testbed:
         if self._wants_daemons(self.backend):
             self._start_daemons(st)
 
-    def __enter__(self) -> "Testbed":
+    def __enter__(self) -> Testbed:
         return self.up()
 
     def __exit__(self, *exc: object) -> None:

@@ -9,7 +9,7 @@ from sglang_pdd.testbed import nfqueue as nfq
 
 def test_verdict_batch_layout():
     msg = nfq.verdict_batch(queue_num=7, last_id=0x01020304, accept=True)
-    length, mtype, flags, seq, pid = struct.unpack_from("=IHHII", msg)
+    length, mtype, flags, _seq, pid = struct.unpack_from("=IHHII", msg)
     assert length == len(msg) == 16 + 4 + 12
     assert mtype == (3 << 8) | 3  # NFNL_SUBSYS_QUEUE, NFQNL_MSG_VERDICT_BATCH
     assert flags == nfq.NLM_F_REQUEST and pid == 0
