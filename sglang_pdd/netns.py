@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
 import shutil
@@ -91,7 +92,7 @@ class NetNS:
 
     def enter(self) -> None:
         """Move the calling thread into this namespace (see the module docstring)."""
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        libc = _libc()
         fd = os.open(self.path, os.O_RDONLY)
         try:
             if libc.setns(fd, CLONE_NEWNET) != 0:
@@ -160,6 +161,12 @@ class NetNS:
         if left:
             logger.info("netns %s: stopped %d leftover process(es)", self.name, len(left))
         _ip("netns", "del", self.name, check=False)
+
+
+@functools.lru_cache(maxsize=1)
+def _libc() -> ctypes.CDLL:
+    # find_library spawns a helper process (milliseconds): look it up once.
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
 def _alive(pid: int) -> bool:
