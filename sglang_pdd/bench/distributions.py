@@ -8,6 +8,7 @@ and a thin tail of low-hit requests carries most of the missed KV.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,6 +42,13 @@ class HitHistogram:
         w = np.array([b.weight for b in self.buckets], dtype=float)
         return w / w.sum()
 
+    def _cumulative(self) -> list[float]:
+        cum = self.__dict__.get("_cum")
+        if cum is None:
+            cum = list(np.cumsum(self.probabilities))
+            object.__setattr__(self, "_cum", cum)
+        return cum
+
     def mean(self) -> float:
         return float(sum(p * (b.lo + b.hi) / 2 for p, b in zip(self.probabilities, self.buckets)))
 
@@ -55,7 +63,12 @@ class HitHistogram:
         return total
 
     def sample(self, rng: np.random.Generator, n: int | None = None) -> np.ndarray | float:
-        size = 1 if n is None else n
+        if n is None:  # scalar fast path (the generator draws one hit per turn)
+            cum = self._cumulative()
+            i = min(bisect.bisect_right(cum, rng.random()), len(self.buckets) - 1)
+            b = self.buckets[i]
+            return b.lo + (b.hi - b.lo) * rng.random()
+        size = n
         idx = rng.choice(len(self.buckets), size=size, p=self.probabilities)
         lo = np.array([b.lo for b in self.buckets])[idx]
         hi = np.array([b.hi for b in self.buckets])[idx]

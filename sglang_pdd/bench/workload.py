@@ -188,8 +188,17 @@ class WorkloadConfig:
         return cls(**base)
 
 
+_MASK64 = (1 << 64) - 1
+
+
 def _seed(*parts: int) -> int:
-    return int(np.random.SeedSequence([int(p) & 0xFFFFFFFF for p in parts]).generate_state(1)[0])
+    """A stable 63-bit seed from integers (splitmix64 mixing; fast, deterministic everywhere)."""
+    h = 0x9E3779B97F4A7C15
+    for p in parts:
+        h = (h ^ (int(p) & _MASK64)) * 0xBF58476D1CE4E5B9 & _MASK64
+        h = (h ^ (h >> 31)) * 0x94D049BB133111EB & _MASK64
+        h ^= h >> 29
+    return h >> 1
 
 
 class _Session:

@@ -114,6 +114,7 @@ class Cluster:
         self.finish_count: dict[str, int] = {}
         self.fast_bytes = 0.0
         self._orphans: dict[str, int] = {}  # MD reservations whose RLD finished mid-handoff
+        self._tails: dict[str, _State] = {}  # finished on RLD, MD still receiving the prompt KV
         self._later: dict[int, list[WorkloadRequest]] = {}  # closed loop: turns not yet released
         self.closed_loop = True
 
@@ -232,7 +233,7 @@ class Cluster:
 
     # ----- D / MD: KV transfer and direct start -----
     def _d_admitted(self, rid: str) -> None:
-        st = self.states[rid]
+        st = self.states.get(rid) or self._tails[rid]
         st.md = "reserved"
         w = st.w
         if self.wan is None:
@@ -245,12 +246,18 @@ class Cluster:
         st.wan_tr = self.wan.start(nbytes, lambda tr, rid=rid: self._d_kv_arrived(rid, tr))
 
     def _d_kv_arrived(self, rid: str, tr: Optional[Transfer]) -> None:
-        st = self.states.get(rid)
+        st = self.states.get(rid) or self._tails.get(rid)
         if st is None:
             return
         if tr is not None and self.policy is not None:
             self.bw.observe(tr.nbytes, self.loop.now - st.wan_start)
         st.wan_tr = None
+        if rid in self._tails:  # RLD already finished it: MD only caches the prompt
+            del self._tails[rid]
+            self._p_done_one(st)
+            self._md_cache_prompt(st)
+            self.D[st.d].release(rid)
+            return
         st.md = "kv"
         self._p_done_one(st)
         if st.rec.pipeline == Pipeline.P_MD.value:
@@ -280,8 +287,20 @@ class Cluster:
             self.drc[st.d].insert(st.w.session_id, seq)
         self._complete(st, self.loop.now + self.half_rtt)
 
+    def _md_cache_prompt(self, st: _State) -> None:
+        if self.drc is not None:
+            self.drc[st.d].insert(st.w.session_id, st.w.segments)
+
     def _cancel_md(self, st: _State) -> None:
+        """RLD finished the request. Odd traffic (P->RLD routes never start MD) aside, a relayed
+        request keeps its WAN transfer when `align_md_cache` is on, so MD's radix cache stays
+        aligned with P's (PDD.md §4); otherwise the transfer is cancelled."""
         rid = st.w.request_id
+        if self.spec.align_md_cache and st.md in ("waiting", "reserved"):
+            self._tails[rid] = st
+            return
+        if st.md in ("kv", "extending"):
+            self._md_cache_prompt(st)
         if st.md == "waiting":
             self.D[st.d].withdraw(rid)
             self._p_done_one(st)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 
@@ -46,11 +47,16 @@ class ModelSpec:
 
     def weight_bytes_read(self, tokens: int) -> float:
         """Weight bytes one forward over `tokens` tokens reads: for MoE, only the experts hit."""
-        if not self.is_moe:
-            return self.weight_bytes
-        dense = self.total_params - self.expert_params
-        touched = 1.0 - (1.0 - self.top_k / self.experts) ** max(tokens, 1)
-        return (dense + self.expert_params * touched) * self.weight_bytes_per_param
+        return _weight_bytes_read(self, tokens)
+
+
+@functools.lru_cache(maxsize=8192)
+def _weight_bytes_read(m: ModelSpec, tokens: int) -> float:
+    if not m.is_moe:
+        return m.weight_bytes
+    dense = m.total_params - m.expert_params
+    touched = 1.0 - (1.0 - m.top_k / m.experts) ** max(tokens, 1)
+    return (dense + m.expert_params * touched) * m.weight_bytes_per_param
 
 
 # A ~230B-total / 22B-active MoE with a 50 KB/token KV (PDD.md §1 "take 50 KB"), fp8 weights.

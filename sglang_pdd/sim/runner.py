@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -40,12 +41,27 @@ def run(spec: SystemSpec, model: ModelSpec, reqs: Sequence[WorkloadRequest], sla
     records = cluster.run(reqs, until=window_s + drain_s, closed_loop=closed_loop)
     wan = cluster.wan.bytes_sent if cluster.wan is not None else 0.0
     s = summarize(spec.name, spec.chips_label(), spec.price_per_hour, records, window_s, sla, wan,
-                  span_s=cluster.loop.now - min(0.0, min((r.arrival_s for r in records), default=0.0)))
+                  span_s=_span(records))
     logger.info("%s: %d/%d finished, %d events", spec.name, s.finished, s.requests,
                 cluster.loop.processed)
     return RunResult(s, records, cluster)
 
 
+def _span(records: Sequence[RequestRecord]) -> float:
+    """First arrival to last finish (or to the last arrival if nothing finished)."""
+    if not records:
+        return 0.0
+    start = min(r.arrival_s for r in records)
+    ends = [r.finish_s for r in records if r.finished] or [max(r.arrival_s for r in records)]
+    return max(ends) - start
+
+
+@functools.lru_cache(maxsize=32)
+def cached_workload(wl: WorkloadConfig) -> tuple[WorkloadRequest, ...]:
+    """Generated requests, shared by every system evaluated on the same configuration."""
+    return tuple(generate(wl))
+
+
 def run_workload(spec: SystemSpec, model: ModelSpec, wl: WorkloadConfig, sla: Sla,
                  **kw) -> RunResult:
-    return run(spec, model, generate(wl), sla, wl.duration_s, **kw)
+    return run(spec, model, cached_workload(wl), sla, wl.duration_s, **kw)

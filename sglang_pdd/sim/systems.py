@@ -73,6 +73,7 @@ class SystemSpec:
     rdma_latency_s: float = 0.005
     rld_eager_reserve_tokens: int = 512  # RLD reserves prompt + this, not the whole output
     max_catch_up_rounds: int = 4
+    align_md_cache: bool = True  # a relayed request RLD finishes still lands its prompt on MD
     wan_price_per_hour: float = 0.0  # dedicated line, same units as chip prices
 
     def __post_init__(self) -> None:
@@ -118,7 +119,7 @@ def make_system(name: str, p: PoolSpec, d: PoolSpec, rld: Optional[PoolSpec] = N
         "pdd-relay-only": dict(arch=Arch.PDD, wan=wan, drc=True, handoff=hk(HandoffPolicyKind.ADAPTIVE),
                                routing=RoutingSpec(allow_relay_only=True)),
         "pdd-bw": dict(arch=Arch.PDD, wan=wan, drc=True, handoff=hk(HandoffPolicyKind.ADAPTIVE),
-                       routing=RoutingSpec(route_by=RouteBy.BANDWIDTH)),
+                       routing=RoutingSpec(route_by=RouteBy.BANDWIDTH, wan_budget_s=0.25)),
     }
     if name not in table:
         raise ValueError(f"unknown system {name!r}; known: {', '.join(table)}")

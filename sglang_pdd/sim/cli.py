@@ -1,0 +1,93 @@
+"""`python -m sglang_pdd.sim`: the paper scenario, sweeps, sizing, calibration, plots."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from dataclasses import replace
+from typing import Optional, Sequence
+
+from sglang_pdd.sim.metrics import Sla
+from sglang_pdd.sim.paper import PaperSetting, run_paper
+from sglang_pdd.sim.report import paper_report
+from sglang_pdd.sim.wan import WanSpec
+
+logger = logging.getLogger(__name__)
+
+SCENARIOS = ("paper", "bathtub", "oscillation", "wan-sweep")
+
+
+def _setting(args: argparse.Namespace) -> PaperSetting:
+    s = PaperSetting()
+    wan = replace(s.wan, bandwidth_gbps=args.wan_gbps) if args.wan_gbps else s.wan
+    sla = Sla(args.ttft_sla or s.sla.ttft_s, args.tpot_sla or s.sla.tpot_s, s.sla.attainment)
+    wl = replace(s.workload, duration_s=args.window) if args.window else s.workload
+    if args.seed is not None:
+        wl = replace(wl, seed=args.seed)
+    return replace(s, wan=wan, sla=sla, workload=wl)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sglang_pdd.sim", description=__doc__)
+    ap.add_argument("--scenario", choices=SCENARIOS, default="paper")
+    ap.add_argument("--sizing", action="store_true",
+                    help="search the cheapest PDD chip mix meeting the SLA at --load")
+    ap.add_argument("--load", type=float, default=None, help="offered req/s for --sizing")
+    ap.add_argument("--calibrate", metavar="REPORT.json",
+                    help="compare a measured testbed report with the simulator (see docs/sim.md)")
+    ap.add_argument("--trace", metavar="TRACE.jsonl", help="workload trace for --calibrate")
+    ap.add_argument("--plots", metavar="DIR", help="write PNG plots (needs matplotlib)")
+    ap.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    ap.add_argument("--wan-gbps", type=float, default=None)
+    ap.add_argument("--ttft-sla", type=float, default=None)
+    ap.add_argument("--tpot-sla", type=float, default=None)
+    ap.add_argument("--window", type=float, default=None, help="workload window, s")
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("-v", "--verbose", action="store_true")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    s = _setting(args)
+    t0 = time.time()
+    if args.calibrate:
+        from sglang_pdd.sim.calibration import calibrate_cli
+        return calibrate_cli(args.calibrate, args.trace, s)
+    if args.sizing:
+        from sglang_pdd.sim.sizing import sizing_report
+        print(sizing_report(s, args.load))
+    elif args.scenario == "paper":
+        res = run_paper(s)
+        print(paper_report(res))
+        if args.json:
+            from sglang_pdd.sim.export import paper_json
+            with open(args.json, "w", encoding="utf-8") as f:
+                json.dump(paper_json(res), f, indent=1)
+        if args.plots:
+            from sglang_pdd.sim.plots import plot_paper
+            plot_paper(res, args.plots)
+    elif args.scenario == "bathtub":
+        from sglang_pdd.sim.bathtub import bathtub_report, run_bathtub
+        res = run_bathtub(s)
+        print(bathtub_report(res))
+        if args.plots:
+            from sglang_pdd.sim.plots import plot_bathtub
+            plot_bathtub(res, args.plots)
+    elif args.scenario == "oscillation":
+        from sglang_pdd.sim.oscillation import oscillation_report, run_oscillation
+        res = run_oscillation(s)
+        print(oscillation_report(res))
+        if args.plots:
+            from sglang_pdd.sim.plots import plot_oscillation
+            plot_oscillation(res, args.plots)
+    elif args.scenario == "wan-sweep":
+        from sglang_pdd.sim.wan_sweep import run_wan_sweep, wan_sweep_report
+        res = run_wan_sweep(s)
+        print(wan_sweep_report(res))
+        if args.plots:
+            from sglang_pdd.sim.plots import plot_wan_sweep
+            plot_wan_sweep(res, args.plots)
+    print(f"\n(total wall time {time.time() - t0:.1f} s)", file=sys.stderr)
+    return 0
