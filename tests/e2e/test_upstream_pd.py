@@ -40,3 +40,12 @@ def test_bad_input_through_router_is_rejected_and_pd_keeps_serving(pd, reference
     ids = prompts.ids(40, seed=5)
     assert greedy_ids(pd.router.url, ids, 8) == greedy_ids(reference_server.url, ids, 8)
     assert pd.prefill.alive() and pd.decode.alive()
+
+
+def test_streaming_through_router_gives_the_same_tokens(pd, reference_server, prompts):
+    from sglang_pdd.testing.client import stream_generate
+
+    ids = prompts.ids(500, seed=14)
+    out = stream_generate(pd.router.url, greedy_body(ids, NEW_TOKENS))
+    assert out["output_ids"] == greedy_ids(reference_server.url, ids, NEW_TOKENS)
+    assert out["ttft_s"] is not None and out["ttft_s"] <= out["e2e_s"]
