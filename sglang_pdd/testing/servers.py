@@ -20,6 +20,10 @@ from typing import Protocol
 logger = logging.getLogger(__name__)
 
 
+# Never inherited by a server: a test process may run Triton's interpreter for its own kernel tests.
+SCRUBBED_ENV = ("TRITON_INTERPRET",)
+
+
 class Launchable(Protocol):
     url: str
 
@@ -64,7 +68,8 @@ class ServerProcess:
     def start(self) -> "ServerProcess":
         os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
         log = open(self.log_path, "ab")
-        env = {**os.environ, **self.config.environ()}
+        env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
+        env.update(self.config.environ())
         self.started_at = time.monotonic()
         self.proc = subprocess.Popen(
             self.config.argv(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
