@@ -13,6 +13,7 @@ prompt tokens beyond MD's radix-cache hit times the KV bytes per token.
 from __future__ import annotations
 
 import enum
+import math
 import logging
 from dataclasses import dataclass
 
@@ -37,6 +38,7 @@ class RouteInputs:
     input_len: int  # prompt tokens
     md_prefix_hit: int  # prompt tokens MD's decode radix cache already holds
     max_output_tokens: int
+    rld_kv_usage: float = 0.0  # RLD pool load, 0..1 (only the relay-only experiment reads it)
 
     @property
     def md_hit_rate(self) -> float:
@@ -68,7 +70,8 @@ class PipelinePolicyConfig:
     odd_output_threshold: int = 500  # PDD.md §4: output < 500 tokens may be odd traffic
     rld_tpot_s: float = 0.05  # expected RLD time per output token, to test "decode < WAN"
     allow_relay_only: bool = False  # reproduce PDD.md §4's oscillation: low hit -> P->RLD
-    relay_only_below_hit: float = 0.5
+    relay_only_below_hit: float = 0.9
+    relay_only_max_rld_usage: float = math.inf  # an overload guard: relay-only stops above this
 
     def __post_init__(self) -> None:
         if self.kv_bytes_per_token <= 0 or self.wan_budget_s < 0 or self.rld_tpot_s <= 0:
@@ -106,7 +109,8 @@ class PipelinePolicy:
         if inp.max_output_tokens < cfg.odd_output_threshold and decode_s < wan:
             return out(Pipeline.P_RLD, f"odd traffic: output {inp.max_output_tokens} < "
                        f"{cfg.odd_output_threshold} and RLD decode {decode_s:.2f}s < WAN {wan:.2f}s")
-        if cfg.allow_relay_only and inp.md_hit_rate < cfg.relay_only_below_hit:
+        if (cfg.allow_relay_only and inp.md_hit_rate < cfg.relay_only_below_hit
+                and inp.rld_kv_usage < cfg.relay_only_max_rld_usage):
             return out(Pipeline.P_RLD, f"relay-only allowed: MD hit {inp.md_hit_rate:.3f} < "
                        f"{cfg.relay_only_below_hit}")
         return out(Pipeline.P_RLD_MD, f"WAN {wan:.3f}s too slow for P->MD: RLD hides it")

@@ -107,7 +107,8 @@ class Cluster:
                 kv_bytes_per_token=self.kv, wan_budget_s=rt.wan_budget_s, route_by=rt.route_by,
                 hit_threshold=rt.hit_threshold, odd_output_threshold=rt.odd_output_threshold,
                 rld_tpot_s=rld_tpot, allow_relay_only=rt.allow_relay_only,
-                relay_only_below_hit=rt.relay_only_below_hit), self.bw, spec.wan.rtt_s)
+                relay_only_below_hit=rt.relay_only_below_hit,
+                relay_only_max_rld_usage=rt.relay_only_max_rld_usage), self.bw, spec.wan.rtt_s)
         self.handoff = HandoffModePolicy(spec.handoff)
         self.states: dict[str, _State] = {}
         self.records: list[RequestRecord] = []
@@ -199,7 +200,8 @@ class Cluster:
         md_hit = self.drc[d].hit(w.session_id, w.segments, w.input_len) if self.drc else 0
         pipeline, reason = Pipeline.P_MD, "PD"
         if self.policy is not None:
-            dec = self.policy.decide(RouteInputs(w.input_len, md_hit, w.max_output_tokens))
+            rld_usage = sum(r.occupancy for r in self.R) / len(self.R)
+            dec = self.policy.decide(RouteInputs(w.input_len, md_hit, w.max_output_tokens, rld_usage))
             pipeline, reason = dec.pipeline, dec.reason
         rec = RequestRecord(w.request_id, w.session_id, w.turn, self.loop.now, w.input_len,
                             w.max_output_tokens, w.prefix_hit_len, md_hit, pipeline.value,

@@ -56,6 +56,12 @@ class DecodeInstance:
         return self.used / self.capacity
 
     @property
+    def occupancy(self) -> float:
+        """The binding one of KV usage and batch-slot usage, 0..1 (waiting requests push it
+        above 1)."""
+        return max(self.kv_usage, (len(self.reserved) + len(self.waiting)) / self.max_batch)
+
+    @property
     def load(self) -> int:
         return len(self.running) + len(self.waiting) + len(self.reserved)
 

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
@@ -52,7 +53,8 @@ class RoutingSpec:
     wan_budget_s: float = 1.0
     odd_output_threshold: int = 500
     allow_relay_only: bool = False
-    relay_only_below_hit: float = 0.5
+    relay_only_below_hit: float = 0.9
+    relay_only_max_rld_usage: float = math.inf
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,13 @@ def test_relay_only_experiment_flag():
     assert pol.decide(RouteInputs(64_000, 40_000, 1000)).pipeline is Pipeline.P_RLD_MD
 
 
+def test_relay_only_overload_guard():
+    pol = _policy(wan_budget_s=0.2, allow_relay_only=True, relay_only_below_hit=0.9,
+                  relay_only_max_rld_usage=0.8)
+    assert pol.decide(RouteInputs(64_000, 10_000, 1000, rld_kv_usage=0.5)).pipeline is Pipeline.P_RLD
+    assert pol.decide(RouteInputs(64_000, 10_000, 1000, rld_kv_usage=0.85)).pipeline is Pipeline.P_RLD_MD
+
+
 def test_hit_threshold_routing_ignores_bandwidth():
     pol = _policy(bw_gbps=0.01, route_by=RouteBy.HIT_THRESHOLD, hit_threshold=0.95)
     assert pol.decide(RouteInputs(1000, 960, 1000)).pipeline is Pipeline.P_MD
