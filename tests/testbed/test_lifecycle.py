@@ -110,10 +110,12 @@ def test_down_stops_only_what_it_started(testbed_factory):
 def test_reconfigure_changes_the_link_and_keeps_what_runs(testbed_factory):
     tb = testbed_factory(delay_ms=20.0, rate_mbit=None)
     with tb.probe_server("B") as port:
-        assert _echo_ok(tb, port) >= 0.9 * 40.0
+        before = _echo_ok(tb, port)
+        assert before >= 0.9 * 40.0
         tb.reconfigure(delay_ms=5.0)
-        rtt = _echo_ok(tb, port)  # the same server, still running
-        assert 0.9 * 10.0 <= rtt <= 1.5 * 10.0 + 5.0
+        after = _echo_ok(tb, port)  # the same server, still running
+        # relative to `before`, so a loaded box (slow wakeups add to both) does not matter
+        assert 0.9 * 10.0 <= after < before - 15.0, (before, after)
     assert tb.is_up() and RunState.load(tb.run_dir, tb.prefix).config["delay_ms"] == 5.0
 
 
@@ -129,7 +131,8 @@ def test_cli_up_probe_down(tmp_path):
                                capture_output=True, text=True, timeout=120)
         assert probe.returncode == 0, probe.stderr
         rep = json.loads(probe.stdout)
-        assert 0.9 * 20 <= rep["measured"]["rtt_ms_p50"] <= 1.5 * 20 + 5
+        assert rep["config"]["delay_ms"] == 10.0 and rep["backend"] in ("nfqueue", "netem")
+        assert rep["measured"]["rtt_ms_p50"] >= 0.9 * 20  # accuracy: test_wan_link.py
         assert rep["link_bytes"]["A->B"] >= 4e6 and rep["link_bytes"]["B->A"] >= 4e6
         table = subprocess.run([*cli, "probe", *where, "--bulk-mb", "1"], capture_output=True, text=True, timeout=120)
         assert "configured" in table.stdout and "RTT (ms)" in table.stdout
