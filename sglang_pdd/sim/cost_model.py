@@ -34,25 +34,28 @@ class CostModel:
             raise ValueError(f"{model.name} ({model.weight_bytes / 1e9:.0f} GB) does not fit on "
                              f"{inst.chips} x {inst.chip.name}")
         self.kv_capacity_tokens = int(free // model.kv_bytes_per_token)
+        # constants of the hot path (decode steps run ~1e5 times per simulation)
+        e = inst.eff
+        self._flops, self._bw = inst.flops, inst.mem_bw
+        self._mfu_max, self._half, self._overhead = e.mfu, e.mfu_half_tokens, e.step_overhead_s
+        self._comm_per_tok = (model.comm_bytes_per_token / inst.interconnect) if inst.chips > 1 else 0.0
+        self._wbytes: dict[int, float] = {}
 
-    def _mfu(self, tokens: int) -> float:
-        e = self.inst.eff
-        return e.mfu * tokens / (tokens + e.mfu_half_tokens)
-
-    def _comm_s(self, tokens: int) -> float:
-        if self.inst.chips <= 1:
-            return 0.0
-        return tokens * self.model.comm_bytes_per_token / self.inst.interconnect
+    def _weights(self, tokens: int) -> float:
+        w = self._wbytes.get(tokens)
+        if w is None:
+            w = self._wbytes[tokens] = self.model.weight_bytes_read(tokens)
+        return w
 
     def step_time(self, tokens: int, gemm_flops: float, attn_flops: float, bytes_: float) -> float:
         """GEMM FLOPs run at the token-dependent MFU; attention FLOPs at full MFU (their
         small-batch inefficiency is memory-bound and already counted in `bytes_`)."""
         if tokens <= 0:
             return 0.0
-        compute = (gemm_flops / (self.inst.flops * self._mfu(tokens))
-                   + attn_flops / (self.inst.flops * self.inst.eff.mfu))
-        memory = bytes_ / self.inst.mem_bw
-        return max(compute, memory) + self._comm_s(tokens) + self.inst.eff.step_overhead_s
+        mfu = self._mfu_max * tokens / (tokens + self._half)
+        compute = (gemm_flops / mfu + attn_flops / self._mfu_max) / self._flops
+        memory = bytes_ / self._bw
+        return max(compute, memory) + tokens * self._comm_per_tok + self._overhead
 
     def prefill_step_s(self, chunks: Sequence[Chunk]) -> float:
         m = self.model
@@ -62,7 +65,7 @@ class CostModel:
         for c in chunks:
             attn += m.attn_flops_per_pair * c.new_tokens * (c.prefix_tokens + c.new_tokens / 2)
             kv_read += c.prefix_tokens
-        bytes_ = m.weight_bytes_read(tokens) + (kv_read + tokens) * m.kv_bytes_per_token
+        bytes_ = self._weights(tokens) + (kv_read + tokens) * m.kv_bytes_per_token
         return self.step_time(tokens, gemm, attn, bytes_)
 
     def decode_step_s(self, batch: int, context_tokens: int) -> float:
@@ -72,7 +75,7 @@ class CostModel:
         m = self.model
         gemm = 2.0 * m.active_params * batch
         attn = m.attn_flops_per_pair * context_tokens
-        bytes_ = m.weight_bytes_read(batch) + (context_tokens + batch) * m.kv_bytes_per_token
+        bytes_ = self._weights(batch) + (context_tokens + batch) * m.kv_bytes_per_token
         return self.step_time(batch, gemm, attn, bytes_)
 
     def extend_s(self, chunks: Sequence[Chunk]) -> float:

@@ -39,7 +39,9 @@ class PaperSetting:
     pdd_p_instances: int = 4  # x 8 A
     pdd_rld_chips: int = 8  # one RLD instance of A
     pdd_md_instances: int = 4  # x 8 B
-    goodput_iters: int = 4
+    goodput_iters: int = 3
+    tight_wan_gbps: float = 25.0  # section D: a congested line, the regime of PDD.md §2's tails
+    tight_load: float = 16.0
 
 
 def assumptions(s: PaperSetting) -> list[str]:
@@ -95,7 +97,7 @@ def best_baseline_split(s: PaperSetting, probe_rate: float) -> SystemSpec:
     """The P/D split of the 88 x A baseline with the best SLA attainment at `probe_rate`."""
     n = s.baseline_chips // 8
     best, best_att = None, -1.0
-    for p in range(2, n - 1):
+    for p in range(max(1, n // 4), min(n - 1, n // 2 + 1) + 1):
         spec = baseline_spec(s, p)
         att = run_workload(spec, s.model, replace(s.workload, request_rate=probe_rate), s.sla,
                            eff=s.eff).summary.attainment
@@ -110,7 +112,7 @@ def run_paper(s: PaperSetting = PaperSetting(), probe_rate: float = 16.0) -> dic
     rows = [PaperRow("baseline (same-DC PD)", best_baseline_split(s, probe_rate))]
     rows += [PaperRow(sp.name, sp) for sp in pdd_specs(s)]
     for row in rows:
-        row.goodput = max_goodput(row.spec, s.model, s.workload, s.sla, lo=probe_rate / 4,
+        row.goodput = max_goodput(row.spec, s.model, s.workload, s.sla, lo=probe_rate / 2,
                                   iters=s.goodput_iters, eff=s.eff)
     # TTFT etc. of every system at one common load: the cross-DC PD (with DRC) goodput point
     ref = next(r for r in rows if r.spec.name == "xdc-pd-drc").goodput
@@ -119,5 +121,14 @@ def run_paper(s: PaperSetting = PaperSetting(), probe_rate: float = 16.0) -> dic
     for row in rows:
         row.at_load = run_workload(row.spec, s.model, wl, s.sla, eff=s.eff).summary
     measured = sum(1 for r in cached_workload(wl) if not r.warmup)
+    # D: the same deployments on a congested line
+    tight = replace(s, wan=replace(s.wan, bandwidth_gbps=s.tight_wan_gbps))
+    wl_t = replace(s.workload, request_rate=s.tight_load)
+    tight_rows = [PaperRow(sp.name, sp) for sp in pdd_specs(tight) if sp.name != "xdc-pd-naive"]
+    for row in tight_rows:
+        if row.spec.name != "pdd-adaptive":  # (its at-load run suffices; saves a search)
+            row.goodput = max_goodput(row.spec, s.model, s.workload, s.sla, lo=probe_rate / 2,
+                                      iters=s.goodput_iters, eff=s.eff)
+        row.at_load = run_workload(row.spec, s.model, wl_t, s.sla, eff=s.eff).summary
     return {"setting": s, "rows": rows, "load": load, "requests_at_load": measured,
-            "runtime_s": time.time() - t0}
+            "tight_rows": tight_rows, "runtime_s": time.time() - t0}
