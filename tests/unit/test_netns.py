@@ -1,6 +1,7 @@
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -34,14 +35,20 @@ def test_entering_moves_the_process_and_its_children(ns):
     assert expected.strip() != os.readlink("/proc/self/ns/net")
 
 
+def started_inside(ns, argv) -> subprocess.Popen:
+    """Start `argv` in `ns` and wait until it really runs there (`ip netns exec` enters it first)."""
+    proc = subprocess.Popen(ns.argv(argv))
+    for _ in range(100):
+        if proc.pid in ns.pids():
+            return proc
+        time.sleep(0.05)
+    raise AssertionError("process never showed up inside the namespace")
+
+
 def test_delete_kills_what_runs_inside_and_nothing_else(ns):
-    inside = subprocess.Popen(ns.argv(["sleep", "60"]))
+    inside = started_inside(ns, ["sleep", "60"])
     outside = subprocess.Popen(["sleep", "60"])
     try:
-        for _ in range(50):
-            if inside.pid in ns.pids():
-                break
-            subprocess.run(["sleep", "0.1"])
         assert inside.pid in ns.pids() and outside.pid not in ns.pids()
         ns.delete()
         assert inside.wait(timeout=10) != 0
@@ -53,7 +60,7 @@ def test_delete_kills_what_runs_inside_and_nothing_else(ns):
 
 
 def test_create_replaces_a_stale_namespace_of_the_same_name(ns):
-    stale = subprocess.Popen(ns.argv(["sleep", "60"]))
+    stale = started_inside(ns, ["sleep", "60"])
     NetNS(ns.name).create()
     assert stale.wait(timeout=10) != 0
     assert ns.pids() == []
