@@ -13,7 +13,14 @@ from __future__ import annotations
 
 from .backend import resolve_backend, triton_available
 from .checks import KernelArgumentError
-from .handoff_attention import HandoffAttentionConfig, handoff_attention
+from .handoff_attention import (
+    HandoffAttentionConfig,
+    HandoffPlan,
+    handoff_attention,
+    prepare_handoff_attention,
+    rebind_plan,
+    run_plan,
+)
 from .handoff_attention_ref import handoff_attention_ref
 from .kv_pack import pack_kv, unpack_kv
 from .kv_pack_layout import PackLayout
@@ -21,13 +28,17 @@ from .kv_pack_ref import pack_kv_ref, unpack_kv_ref
 
 __all__ = [
     "HandoffAttentionConfig",
+    "HandoffPlan",
     "KernelArgumentError",
     "PackLayout",
     "handoff_attention",
     "handoff_attention_ref",
     "pack_kv",
     "pack_kv_ref",
+    "prepare_handoff_attention",
+    "rebind_plan",
     "resolve_backend",
+    "run_plan",
     "triton_available",
     "unpack_kv",
     "unpack_kv_ref",

@@ -9,7 +9,7 @@ One attention layer of the handoff EXTEND: `batch` requests, each with k new tok
 a fragmented paged pool. Columns (microseconds, median of triton.testing.do_bench):
 
   pdd call     sglang_pdd.kernels.handoff_attention, the full launcher (plan + 1-2 kernels)
-  pdd kern     the same with the plan built once (what a per-batch plan cache would cost per layer)
+  pdd kern     the same with the plan prepared once per batch and rebound per layer (`rebind_plan`)
   sgl extend   sglang extend_attention_fwd (prefix from the pool, new K/V contiguous), the triton backend's path
   sgl split    sglang verify_splitkv_fwd (split-KV verify kernel; constant k per request only), where it runs
   flashinfer   BatchPrefillWithPagedKVCacheWrapper.run (plan excluded), when flashinfer imports
@@ -91,7 +91,7 @@ class Problem:
 
 
 def _pdd(p: Problem, out: torch.Tensor) -> tuple[Callable[[], Any], Callable[[], Any]]:
-    from .handoff_attention import HandoffAttentionConfig, handoff_attention, plan_handoff_attention, run_plan
+    from .handoff_attention import handoff_attention, prepare_handoff_attention, rebind_plan, run_plan
 
     def call() -> Any:
         return handoff_attention(p.q, p.k_buffer, p.v_buffer, p.req_to_token, p.req_pool_indices, p.prefix_lens,
@@ -99,10 +99,11 @@ def _pdd(p: Problem, out: torch.Tensor) -> tuple[Callable[[], Any], Callable[[],
                                  prefix_lens_cpu=[p.prefix] * p.batch, extend_lens_cpu=[p.k] * p.batch,
                                  validate_indices=False, backend="triton")
 
-    plan = plan_handoff_attention(p.q, p.k_buffer, p.v_buffer, out, p.req_to_token, p.req_pool_indices,
-                                  p.prefix_lens, p.extend_lens, [p.prefix] * p.batch, [p.k] * p.batch,
-                                  p.sm_scale, p.page, HandoffAttentionConfig())
-    return call, lambda: run_plan(plan)
+    plan = prepare_handoff_attention(p.q, p.k_buffer, p.v_buffer, p.req_to_token, p.req_pool_indices,
+                                     p.prefix_lens, p.extend_lens, sm_scale=p.sm_scale, page_size=p.page, out=out,
+                                     prefix_lens_cpu=[p.prefix] * p.batch, extend_lens_cpu=[p.k] * p.batch,
+                                     validate_indices=False)
+    return call, lambda: run_plan(rebind_plan(plan, p.q, p.k_buffer, p.v_buffer, out))
 
 
 def _sglang_args(p: Problem, out: torch.Tensor) -> tuple[Any, ...]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -79,6 +79,11 @@ class HandoffPlan:
     partial_meta: dict[str, Any] = field(repr=False)
     reduce_args: tuple[Any, ...] | None = field(repr=False)
     reduce_meta: dict[str, Any] = field(repr=False)
+    layout: tuple[Any, ...] = field(repr=False, default=())  # (shape, stride, dtype, device) of q, k, v, out
+
+
+def _tensor_layout(*tensors: torch.Tensor) -> tuple[Any, ...]:
+    return tuple((tuple(t.shape), t.stride(), t.dtype, t.device) for t in tensors)
 
 
 def _next_pow2(x: int) -> int:
@@ -247,8 +252,20 @@ def plan_handoff_attention(
         block_m=block_m, block_n=block_n, block_d=block_d, block_dv=block_dv, num_warps=num_warps,
         num_stages=config.num_stages, partial_grid=(n_splits, batch * n_qtiles, hkv),
         reduce_grid=(max(1, max_ext), batch, hq), partial_args=partial_args, partial_meta=partial_meta,
-        reduce_args=reduce_args, reduce_meta=reduce_meta,
+        reduce_args=reduce_args, reduce_meta=reduce_meta, layout=_tensor_layout(q, k_buffer, v_buffer, out),
     )
+
+
+def rebind_plan(plan: HandoffPlan, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor,
+                out: torch.Tensor) -> HandoffPlan:
+    """The same plan on another layer's tensors, which must match the planned ones in shape, stride,
+    dtype and device (all layers of an MHATokenToKVPool do). The partial buffers are shared: launches
+    on one stream run in order, so layer after layer may reuse them."""
+    require(_tensor_layout(q, k_buffer, v_buffer, out) == plan.layout,
+            "rebind_plan: q, k_buffer, v_buffer, out differ from the planned shapes/strides/dtypes/devices")
+    partial_args = (q, k_buffer, v_buffer, out) + plan.partial_args[4:]
+    reduce_args = None if plan.reduce_args is None else (out,) + plan.reduce_args[1:]
+    return replace(plan, partial_args=partial_args, reduce_args=reduce_args)
 
 
 def run_plan(plan: HandoffPlan) -> None:
@@ -260,6 +277,40 @@ def run_plan(plan: HandoffPlan) -> None:
     kern.handoff_attn_partial_kernel[plan.partial_grid](*plan.partial_args, **plan.partial_meta)
     if plan.reduce_args is not None:
         kern.handoff_attn_reduce_kernel[plan.reduce_grid](*plan.reduce_args, **plan.reduce_meta)
+
+
+def prepare_handoff_attention(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    *,
+    sm_scale: float | None = None,
+    page_size: int = 1,
+    out: torch.Tensor | None = None,
+    prefix_lens_cpu: Sequence[int] | None = None,
+    extend_lens_cpu: Sequence[int] | None = None,
+    validate_indices: bool = True,
+    config: HandoffAttentionConfig | None = None,
+) -> HandoffPlan:
+    """Check the inputs and plan the Triton launch once per forward batch (arguments as `handoff_attention`).
+
+    Per layer, `run_plan(rebind_plan(plan, q, k_buffer, v_buffer, out))` then costs two launches and a
+    tuple rebuild instead of the checks and the plan.
+    """
+    if out is None:
+        out = torch.empty((q.shape[0], q.shape[1], v_buffer.shape[-1]), dtype=q.dtype, device=q.device)
+    prefix_cpu = host_ints("prefix_lens_cpu", prefix_lens_cpu, prefix_lens)
+    extend_cpu = host_ints("extend_lens_cpu", extend_lens_cpu, extend_lens)
+    check_handoff_inputs(q, k_buffer, v_buffer, out, req_to_token, req_pool_indices, prefix_lens, extend_lens,
+                         prefix_cpu, extend_cpu, page_size, validate_indices)
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    return plan_handoff_attention(q, k_buffer, v_buffer, out, req_to_token, req_pool_indices, prefix_lens,
+                                  extend_lens, prefix_cpu, extend_cpu, scale, page_size,
+                                  config or HandoffAttentionConfig())
 
 
 def handoff_attention(

@@ -6,6 +6,7 @@ compiled, plus bf16. The reference itself is pinned against a dense causal softm
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -14,7 +15,12 @@ from pool_fakes import make_paged_batch
 
 from sglang_pdd.kernels import HandoffAttentionConfig, KernelArgumentError, handoff_attention, handoff_attention_ref
 from sglang_pdd.kernels.backend import resolve_backend
-from sglang_pdd.kernels.handoff_attention import plan_handoff_attention
+from sglang_pdd.kernels.handoff_attention import (
+    plan_handoff_attention,
+    prepare_handoff_attention,
+    rebind_plan,
+    run_plan,
+)
 
 pytest.importorskip("triton")
 HAS_CUDA = torch.cuda.is_available()
@@ -92,6 +98,25 @@ def test_kernel_reads_new_tokens_kv_from_the_pool(device: torch.device) -> None:
     after = handoff_attention(*b.args(), backend="triton", config=SMALL)
     torch.testing.assert_close(after[:3], before[:3], atol=0, rtol=0)
     assert (after[3:] - before[3:]).abs().amax(dim=(1, 2)).min() > 1e-3
+
+
+def test_plan_prepared_once_serves_every_layer(device: torch.device) -> None:
+    """One plan per batch, rebound per layer, gives each layer's own result (shared partial buffers)."""
+    reqs = [(300, 9), (40, 2)]
+    first = make_paged_batch([p for p, _ in reqs], [k for _, k in reqs], 8, 2, 64, torch.float32, 16, device)
+    second = dataclasses.replace(first, q=torch.randn_like(first.q), k_buffer=torch.randn_like(first.k_buffer),
+                                 v_buffer=torch.randn_like(first.v_buffer))  # same rows and slots, new q/K/V
+    layers = [first, second]
+    config = HandoffAttentionConfig(block_m=16, block_n=16, split_len=128)
+    plan = prepare_handoff_attention(*first.args(), page_size=16, config=config)
+    assert plan.n_splits > 1
+    for layer in layers:
+        out = torch.empty_like(layer.q)
+        run_plan(rebind_plan(plan, layer.q, layer.k_buffer, layer.v_buffer, out))
+        want = handoff_attention(*layer.args(), page_size=16, backend="torch")
+        torch.testing.assert_close(out, want, atol=2e-5, rtol=2e-5)
+    with pytest.raises(KernelArgumentError, match="rebind_plan"):
+        rebind_plan(plan, first.q[:, :4], first.k_buffer, first.v_buffer, torch.empty_like(first.q[:, :4]))
 
 
 def test_plan_partitions_a_long_prefix_to_fill_an_h200() -> None:
