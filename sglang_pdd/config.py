@@ -45,12 +45,22 @@ class FlagSpec:
 FLAGS: tuple[FlagSpec, ...] = (
     FlagSpec("role", str, None, "PDD role of this server; without it the server is plain sglang.",
              choices=ROLE_CHOICES),
+    FlagSpec("token_port", int, None, "relay: port of the token channel MainDecode connects to "
+             "(binds on this server's --host)."),
+    FlagSpec("main_bootstrap_timeout", float, 30.0, "prefill: seconds to wait for MainDecode's handshake "
+             "before giving up its WAN path (the relay path is never held back)."),
+    FlagSpec("handoff_timeout", float, 60.0, "main: seconds to wait for RelayDecode's eager tokens after "
+             "the KV arrived before the request fails cleanly; relay: seconds a relayed request may wait "
+             "for MainDecode after it finished locally."),
 )
 
 
 @dataclass(frozen=True)
 class PddConfig:
     role: Role | None = None
+    token_port: int | None = None
+    main_bootstrap_timeout: float = 30.0
+    handoff_timeout: float = 60.0
 
     @property
     def active(self) -> bool:
@@ -80,7 +90,14 @@ class PddConfig:
         role = d.get("role")
         if role is not None and role not in ROLE_CHOICES:
             raise PddConfigError(f"--pdd-role: invalid choice {role!r} (choose from {', '.join(ROLE_CHOICES)})")
-        return cls(role=Role(role) if role else None)
+        port = d.get("token_port")
+        if port is not None and not 0 < int(port) < 65536:
+            raise PddConfigError(f"--pdd-token-port: {port} is not a TCP port (1..65535)")
+        for name in ("main_bootstrap_timeout", "handoff_timeout"):
+            if name in d and not float(d[name]) > 0:
+                raise PddConfigError(f"--pdd-{name.replace('_', '-')}: must be > 0 seconds, got {d[name]}")
+        rest = {k: d[k] for k in ("token_port", "main_bootstrap_timeout", "handoff_timeout") if k in d}
+        return cls(role=Role(role) if role else None, **rest)
 
     @classmethod
     def from_env(cls, environ: dict | None = None) -> "PddConfig":
@@ -96,7 +113,10 @@ class PddConfig:
             env.pop(ENV_CONFIG, None)
 
     def describe(self) -> str:
-        return f"role={self.role.value if self.role else 'none (plain sglang)'}"
+        if not self.active:
+            return "role=none (plain sglang)"
+        extra = f", token channel :{self.token_port}" if self.role is Role.RELAY else ""
+        return f"role={self.role.value}{extra}"
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -117,6 +137,8 @@ def from_cli_args(args: argparse.Namespace, disaggregation_mode: str = "null",
             f"--pdd-role {cfg.role.value} runs on --disaggregation-mode {cfg.role.disaggregation_mode}, "
             f"got --disaggregation-mode {disaggregation_mode}"
         )
+    if cfg.role is Role.RELAY and cfg.token_port is None:
+        raise PddConfigError("--pdd-role relay needs --pdd-token-port (MainDecode connects there for the eager tokens)")
     if cfg.role.needs_decode_radix_cache and not decode_radix_cache:
         raise PddConfigError(
             f"--pdd-role {cfg.role.value} needs --disaggregation-decode-enable-radix-cache "

@@ -27,11 +27,27 @@ def test_role_typo_is_rejected_by_the_parser_naming_flag_and_choices(capsys):
 
 @pytest.mark.parametrize("role, mode", [("prefill", "prefill"), ("relay", "decode"), ("main", "decode")])
 def test_each_role_runs_on_its_disaggregation_mode(role, mode):
-    cfg = config.from_cli_args(parse("--pdd-role", role), disaggregation_mode=mode, decode_radix_cache=True)
+    argv = ["--pdd-role", role, "--pdd-token-port", "18500"]
+    cfg = config.from_cli_args(parse(*argv), disaggregation_mode=mode, decode_radix_cache=True)
     assert cfg.role is Role(role)
     other = "decode" if mode == "prefill" else "prefill"
     with pytest.raises(PddConfigError, match=f"--pdd-role {role} runs on --disaggregation-mode {mode}"):
-        config.from_cli_args(parse("--pdd-role", role), disaggregation_mode=other, decode_radix_cache=True)
+        config.from_cli_args(parse(*argv), disaggregation_mode=other, decode_radix_cache=True)
+
+
+def test_relay_needs_a_token_port():
+    with pytest.raises(PddConfigError, match="--pdd-role relay needs --pdd-token-port"):
+        config.from_cli_args(parse("--pdd-role", "relay"), disaggregation_mode="decode")
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--pdd-token-port", "70000"], "not a TCP port"),
+    (["--pdd-handoff-timeout", "0"], "must be > 0"),
+    (["--pdd-main-bootstrap-timeout", "-1"], "must be > 0"),
+])
+def test_bad_numeric_flags_name_themselves(argv, match):
+    with pytest.raises(PddConfigError, match=match):
+        config.from_cli_args(parse(*argv))
 
 
 def test_main_requires_the_decode_radix_cache():
@@ -41,7 +57,7 @@ def test_main_requires_the_decode_radix_cache():
 
 def test_config_round_trips_through_the_environment():
     env = {}
-    cfg = PddConfig(role=Role.RELAY)
+    cfg = PddConfig(role=Role.RELAY, token_port=18500, handoff_timeout=5.0)
     cfg.export_env(env)
     assert PddConfig.from_env(env) == cfg
     PddConfig().export_env(env)

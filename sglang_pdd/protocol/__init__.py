@@ -1,0 +1,3 @@
+"""Wire formats of sglang-pdd: per-request parameters and the RLD<->MD token channel (versioned, HMAC'd)."""
+
+PROTOCOL_VERSION = 1

@@ -1,0 +1,57 @@
+"""What one request tells each role, carried in `sampling_params.custom_params["pdd"]`.
+
+sglang passes `custom_params` through to the scheduler's `Req` unchanged (JSON-safe scalars, one
+level of dict). The router (or a client doing its job) sets, for a relayed request whose RLD key is
+room R and whose MD key is room R2:
+
+* to P (bootstrap_room=R):   {"v": 1, "main_room": R2}              -> fan out: RLD gets all, MD its miss
+* to RLD (bootstrap_room=R): {"v": 1}                              -> decode at once, hand over on READY
+* to MD (bootstrap_room=R2): {"v": 1, "relay_room": R, "relay": "tcp://host:port"}  -> take over by EXTEND
+
+A request without the key is an ordinary PD request on every role.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from sglang_pdd.protocol import PROTOCOL_VERSION
+
+KEY = "pdd"
+MAX_ROOM = 2**63 - 1
+
+
+class RequestParamsError(ValueError):
+    pass
+
+
+class RequestParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    v: int
+    main_room: int | None = None  # P: MD's own bootstrap room (the fan-out target)
+    relay_room: int | None = None  # MD: the room that keys this request on RLD
+    relay: str | None = None  # MD: RLD's token channel, "tcp://host:port"
+
+    def to_custom_params(self) -> dict:
+        return {KEY: {k: v for k, v in msgspec.structs.asdict(self).items() if v is not None}}
+
+
+def parse(custom_params: dict | None) -> RequestParams | None:
+    """The request's PDD parameters, None for a plain request; a clear error when malformed."""
+    if not custom_params or KEY not in custom_params:
+        return None
+    raw = custom_params[KEY]
+    try:
+        p = msgspec.convert(raw, RequestParams)
+    except msgspec.ValidationError as e:
+        raise RequestParamsError(f"custom_params.{KEY}: {e}") from None
+    if p.v != PROTOCOL_VERSION:
+        raise RequestParamsError(f"custom_params.{KEY}: unsupported protocol version {p.v} (this is {PROTOCOL_VERSION})")
+    for name in ("main_room", "relay_room"):
+        room = getattr(p, name)
+        if room is not None and not 0 <= room <= MAX_ROOM:
+            raise RequestParamsError(f"custom_params.{KEY}.{name}: {room} is not a bootstrap room (0..2^63-1)")
+    if (p.relay_room is None) != (p.relay is None):
+        raise RequestParamsError(f"custom_params.{KEY}: relay_room and relay go together")
+    if p.relay is not None and not p.relay.startswith("tcp://"):
+        raise RequestParamsError(f"custom_params.{KEY}.relay: expected tcp://host:port, got {p.relay!r}")
+    return p
