@@ -13,7 +13,6 @@ from typing import Optional, Sequence
 from sglang_pdd.sim.metrics import Sla
 from sglang_pdd.sim.paper import PaperSetting, run_paper
 from sglang_pdd.sim.report import paper_report
-from sglang_pdd.sim.wan import WanSpec
 
 logger = logging.getLogger(__name__)
 

@@ -22,9 +22,9 @@ from typing import Iterable, Optional
 
 from sglang_pdd.bench.workload import WorkloadRequest, output_segment
 from sglang_pdd.router.bandwidth import BandwidthEstimator
-from sglang_pdd.router.handoff_mode import HandoffLoad, HandoffMode, HandoffModePolicy
+from sglang_pdd.router.handoff_mode import HandoffModePolicy
 from sglang_pdd.router.policy import Pipeline, PipelinePolicy, PipelinePolicyConfig, RouteInputs
-from sglang_pdd.sim.cost_model import Chunk, CostModel
+from sglang_pdd.sim.cost_model import CostModel
 from sglang_pdd.sim.decode import DecodeInstance
 from sglang_pdd.sim.drc import DecodeRadixCache
 from sglang_pdd.sim.engine import EventLoop
@@ -32,31 +32,11 @@ from sglang_pdd.sim.hardware import Efficiency, InstanceSpec
 from sglang_pdd.sim.model import ModelSpec
 from sglang_pdd.sim.prefill import PrefillInstance, PrefillJob
 from sglang_pdd.sim.records import RequestRecord
+from sglang_pdd.sim.relay import RelayFlow, RequestState
 from sglang_pdd.sim.systems import Arch, PoolSpec, SystemSpec
 from sglang_pdd.sim.wan import Transfer, WanLink
 
 logger = logging.getLogger(__name__)
-
-
-class _State:
-    __slots__ = ("w", "rec", "job", "p", "d", "r", "pending_p", "wan_tr", "wan_start", "rld",
-                 "md", "k_md", "k_sent", "rounds", "last_gap", "md_ready", "rld_last_tok_s")
-
-    def __init__(self, w: WorkloadRequest, rec: RequestRecord):
-        self.w, self.rec = w, rec
-        self.job: Optional[PrefillJob] = None
-        self.p = self.d = self.r = -1
-        self.pending_p = 0
-        self.wan_tr: Optional[Transfer] = None
-        self.wan_start = 0.0
-        self.rld = "none"  # none|waiting|admitted|running|handing|handed|done|skipped
-        self.md = "none"  # none|waiting|reserved|kv|extending|running|done|cancelled
-        self.k_md = 0  # eager tokens MD has recomputed
-        self.k_sent = 0
-        self.rounds = 0
-        self.last_gap = math.inf
-        self.md_ready = False
-        self.rld_last_tok_s = 0.0
 
 
 def decode_max_batch(cost: CostModel, pool: PoolSpec, context_tokens: int, tpot_target_s: float,
@@ -72,7 +52,7 @@ def decode_max_batch(cost: CostModel, pool: PoolSpec, context_tokens: int, tpot_
     return b
 
 
-class Cluster:
+class Cluster(RelayFlow):
     def __init__(self, spec: SystemSpec, model: ModelSpec, eff: Efficiency = Efficiency(),
                  context_tokens: int = 65_000, tpot_target_s: float = 0.1):
         self.spec, self.model, self.loop = spec, model, EventLoop()
@@ -110,12 +90,12 @@ class Cluster:
                 relay_only_below_hit=rt.relay_only_below_hit,
                 relay_only_max_rld_usage=rt.relay_only_max_rld_usage), self.bw, spec.wan.rtt_s)
         self.handoff = HandoffModePolicy(spec.handoff)
-        self.states: dict[str, _State] = {}
+        self.states: dict[str, RequestState] = {}
         self.records: list[RequestRecord] = []
         self.finish_count: dict[str, int] = {}
         self.fast_bytes = 0.0
         self._orphans: dict[str, int] = {}  # MD reservations whose RLD finished mid-handoff
-        self._tails: dict[str, _State] = {}  # finished on RLD, MD still receiving the prompt KV
+        self._tails: dict[str, RequestState] = {}  # finished on RLD, MD still receiving the prompt KV
         self._later: dict[int, list[WorkloadRequest]] = {}  # closed loop: turns not yet released
         self.closed_loop = True
 
@@ -175,12 +155,12 @@ class Cluster:
         self.fast_bytes += nbytes
         return nbytes / (self.spec.rdma_gbps * 1e9 / 8) + self.spec.rdma_latency_s
 
-    def _p_done_one(self, st: _State) -> None:
+    def _p_done_one(self, st: RequestState) -> None:
         st.pending_p -= 1
         if st.pending_p == 0 and st.job is not None:
             self.P[st.p].release(st.job)
 
-    def _complete(self, st: _State, t: float) -> None:
+    def _complete(self, st: RequestState, t: float) -> None:
         rid = st.w.request_id
         self.finish_count[rid] = self.finish_count.get(rid, 0) + 1
         if st.rec.finished:
@@ -207,7 +187,7 @@ class Cluster:
                             w.max_output_tokens, w.prefix_hit_len, md_hit, pipeline.value,
                             reason, w.odd)
         self.records.append(rec)
-        st = _State(w, rec)
+        st = RequestState(w, rec)
         st.d = d
         self.states[w.request_id] = st
         st.p = min(range(len(self.P)), key=lambda i: self.P[i].queued_tokens)
@@ -267,7 +247,7 @@ class Cluster:
         else:
             self.loop.after(self.half_rtt, self._ready_at_rld, rid)
 
-    def _md_start_direct(self, st: _State) -> None:
+    def _md_start_direct(self, st: RequestState) -> None:
         """D/MD emits P's first token and decodes the rest."""
         now = self.loop.now
         st.rec.first_token_s = now + self.half_rtt
@@ -288,155 +268,3 @@ class Cluster:
             seq = list(st.w.segments) + [output_segment(st.w.turn, st.w.max_output_tokens)]
             self.drc[st.d].insert(st.w.session_id, seq)
         self._complete(st, self.loop.now + self.half_rtt)
-
-    def _md_cache_prompt(self, st: _State) -> None:
-        if self.drc is not None:
-            self.drc[st.d].insert(st.w.session_id, st.w.segments)
-
-    def _cancel_md(self, st: _State) -> None:
-        """RLD finished the request. Odd traffic (P->RLD routes never start MD) aside, a relayed
-        request keeps its WAN transfer when `align_md_cache` is on, so MD's radix cache stays
-        aligned with P's (PDD.md §4); otherwise the transfer is cancelled."""
-        rid = st.w.request_id
-        if self.spec.align_md_cache and st.md in ("waiting", "reserved"):
-            self._tails[rid] = st
-            return
-        if st.md in ("kv", "extending"):
-            self._md_cache_prompt(st)
-        if st.md == "waiting":
-            self.D[st.d].withdraw(rid)
-            self._p_done_one(st)
-        elif st.md == "reserved":
-            if st.wan_tr is not None:
-                self.wan.cancel(st.wan_tr)
-                st.wan_tr = None
-            self._p_done_one(st)
-            self.D[st.d].release(rid)
-        elif st.md == "kv":
-            self.D[st.d].release(rid)
-        elif st.md == "extending":  # a handoff step is in flight: its callback releases
-            self._orphans[rid] = st.d
-        st.md = "cancelled"
-
-    def _orphan_release(self, rid: str) -> bool:
-        d = self._orphans.pop(rid, None)
-        if d is None:
-            return False
-        self.D[d].release(rid)
-        return True
-
-    # ----- RLD -----
-    def _rld_admitted(self, rid: str) -> None:
-        st = self.states[rid]
-        st.rld = "admitted"
-        self.loop.after(self._fast_s(st.w.input_len * self.kv), self._rld_kv_arrived, rid)
-
-    def _rld_kv_arrived(self, rid: str) -> None:
-        st = self.states.get(rid)
-        if st is None:
-            return
-        self._p_done_one(st)
-        if st.rld == "skipped":
-            self.R[st.r].release(rid)
-            return
-        now = self.loop.now
-        st.rec.first_token_s = now
-        st.rld = "running"
-        rest = st.w.max_output_tokens - 1
-        if rest <= 0:
-            self._rld_finish(rid)
-            return
-        self.R[st.r].join(rid, st.w.input_len + 1, rest, self._rld_finish)
-        if st.md_ready:
-            self._ready_at_rld(rid)
-
-    def _rld_finish(self, rid: str) -> None:
-        st = self.states[rid]
-        st.rld = "done"
-        st.rec.tokens_rld = st.w.max_output_tokens
-        self.R[st.r].release(rid)
-        if st.md not in ("none", "cancelled"):
-            self._cancel_md(st)
-        self._complete(st, self.loop.now)
-
-    def _ready_at_rld(self, rid: str) -> None:
-        st = self.states.get(rid)
-        if st is None:
-            return
-        if st.rld == "waiting":  # RLD never got to it: MD serves it directly
-            if self.R[st.r].withdraw(rid):
-                st.rld = "skipped"
-                self._p_done_one(st)
-                st.rec.pipeline = Pipeline.P_MD.value
-                st.rec.route_reason += "; MD ready before RLD admitted it"
-                self._md_start_direct(st)
-                return
-        if st.rld == "admitted":
-            st.md_ready = True
-            return
-        R, D = self.R[st.r], self.D[st.d]
-        load = HandoffLoad(len(R.running), R.kv_usage, len(D.running))
-        mode = self.handoff.decide(load).mode
-        st.rec.handoff_mode = mode.value
-        st.md = "extending"
-        if mode is HandoffMode.ONE_SHOT:
-            self._rld_stop_and_send(st)
-        else:
-            st.k_sent = 1 + R.produced(rid)
-            self.loop.after(self.half_rtt, self._md_extend, rid, st.k_sent, False)
-
-    def _rld_stop_and_send(self, st: _State) -> None:
-        rid = st.w.request_id
-        R = self.R[st.r]
-        produced = 1 + R.leave(rid)
-        R.release(rid)
-        st.rld = "handed"
-        st.rec.tokens_rld = produced
-        st.rld_last_tok_s = self.loop.now
-        self.loop.after(self.half_rtt, self._md_extend, rid, produced, True)
-
-    def _md_extend(self, rid: str, k_total: int, final: bool) -> None:
-        st = self.states.get(rid)
-        if st is None:
-            self._orphan_release(rid)
-            return
-        new = k_total - st.k_md
-        chunk = Chunk(max(new, 1), st.w.input_len + st.k_md)
-        st.k_md = k_total
-        self.D[st.d].extend(rid, chunk, lambda key, f=final: self._md_extended(key, f))
-
-    def _md_extended(self, rid: str, final: bool) -> None:
-        st = self.states.get(rid)
-        if st is None:
-            self._orphan_release(rid)
-            return
-        if not final:
-            self.loop.after(self.half_rtt, self._catch_up_poll, rid)
-            return
-        now = self.loop.now
-        st.md = "running"
-        st.rec.handoff_gap_s = now + self.half_rtt - st.rld_last_tok_s
-        rest = st.w.max_output_tokens - st.k_md
-        st.rec.tokens_md = rest
-        if rest <= 1:
-            self._md_finish(rid)
-            return
-        self.D[st.d].join(rid, st.w.input_len + st.k_md + 1, rest - 1, self._md_finish)
-
-    def _catch_up_poll(self, rid: str) -> None:
-        st = self.states.get(rid)
-        if st is None:
-            self._orphan_release(rid)
-            return
-        R = self.R[st.r]
-        produced = 1 + R.produced(rid)
-        gap = produced - st.k_sent
-        st.rounds += 1
-        stop = (self.handoff.catch_up_done(gap) or st.rounds >= self.spec.max_catch_up_rounds
-                or gap >= st.last_gap)
-        st.last_gap = gap
-        if stop:
-            self._rld_stop_and_send(st)
-        else:
-            st.k_sent = produced
-            self.loop.after(self.half_rtt, self._md_extend, rid, produced, False)

@@ -1,12 +1,9 @@
 """Event engine and cluster accounting: every request finishes exactly once, nothing leaks."""
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 
 from sglang_pdd.bench.workload import generate, measured
-from sglang_pdd.sim.cluster import Cluster
 from sglang_pdd.sim.cost_model import CostModel
 from sglang_pdd.sim.decode import DecodeInstance
 from sglang_pdd.sim.engine import EventLoop
