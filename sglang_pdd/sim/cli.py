@@ -16,7 +16,7 @@ from sglang_pdd.sim.report import paper_report
 
 logger = logging.getLogger(__name__)
 
-SCENARIOS = ("paper", "bathtub", "oscillation", "wan-sweep")
+SCENARIOS = ("paper", "bathtub", "oscillation", "wan-sweep", "trace")
 
 
 def _setting(args: argparse.Namespace) -> PaperSetting:
@@ -37,7 +37,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--load", type=float, default=None, help="offered req/s for --sizing")
     ap.add_argument("--calibrate", metavar="REPORT.json",
                     help="compare a measured testbed report with the simulator (see docs/sim.md)")
-    ap.add_argument("--trace", metavar="TRACE.jsonl", help="workload trace for --calibrate")
+    ap.add_argument("--trace", metavar="TRACE.jsonl",
+                    help="workload trace (JSONL) for --scenario trace and --calibrate")
+    ap.add_argument("--systems", default="same-dc-pd,xdc-pd-drc,pdd-adaptive,pdd-bw",
+                    help="comma-separated systems for --scenario trace (paper deployments)")
+    ap.add_argument("--export-trace", metavar="TRACE.jsonl",
+                    help="write the paper-scale workload (at --load req/s) as a JSONL trace and exit")
     ap.add_argument("--plots", metavar="DIR", help="write PNG plots (needs matplotlib)")
     ap.add_argument("--json", metavar="FILE", help="write the results as JSON")
     ap.add_argument("--wan-gbps", type=float, default=None)
@@ -54,7 +59,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.calibrate:
         from sglang_pdd.sim.calibration import calibrate_cli
         return calibrate_cli(args.calibrate, args.trace, s)
-    if args.sizing:
+    if args.export_trace:
+        from sglang_pdd.bench.workload import generate, write_jsonl
+        wl = replace(s.workload, request_rate=args.load or s.workload.request_rate)
+        reqs = generate(wl)
+        write_jsonl(reqs, args.export_trace)
+        print(f"wrote {len(reqs)} requests to {args.export_trace}")
+        return 0
+    if args.scenario == "trace":
+        from sglang_pdd.sim.trace_run import run_trace
+        if not args.trace:
+            ap.error("--scenario trace needs --trace TRACE.jsonl")
+        print(run_trace(s, args.trace, args.systems.split(",")))
+    elif args.sizing:
         from sglang_pdd.sim.sizing import sizing_report
         print(sizing_report(s, args.load))
     elif args.scenario == "paper":

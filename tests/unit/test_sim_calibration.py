@@ -57,3 +57,12 @@ def test_missing_trace_is_a_clear_error(trace_and_report):
     del report["trace"]
     with pytest.raises(ValueError, match="trace"):
         calibrate(report)
+
+
+def test_cli_exports_and_replays_a_paper_scale_trace(tmp_path, capsys):
+    trace = tmp_path / "paper.jsonl"
+    assert main(["--export-trace", str(trace), "--load", "2", "--window", "20"]) == 0
+    assert trace.stat().st_size > 0
+    assert main(["--scenario", "trace", "--trace", str(trace), "--systems", "xdc-pd-drc,pdd-bw"]) == 0
+    out = capsys.readouterr().out
+    assert "pdd-bw" in out and "xdc-pd-drc" in out
