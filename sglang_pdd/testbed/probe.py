@@ -33,6 +33,9 @@ _HDR = struct.Struct("!cQ")
 _UPLOAD_REPLY = struct.Struct("!Qddd")  # bytes, first-byte, half-way, last-byte times
 _UDP = struct.Struct("!Qd")  # seq, send time
 CHUNK = 256 * 1024
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux; the cmsg type has the same value
+_TIMESPEC = struct.Struct("=qq")
+_CMSG_SPACE = socket.CMSG_SPACE(_TIMESPEC.size)
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -43,6 +46,38 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
             raise ConnectionError("peer closed")
         buf += part
     return bytes(buf)
+
+
+def receive_timed(sock: socket.socket, n: int, buf: bytearray) -> tuple[int, float, float, float]:
+    """Read `n` bytes; (n, first, half-way, last byte arrival times).
+
+    The times are the kernel's receive timestamps (SO_TIMESTAMPNS: when the segments reached the
+    socket's namespace, not when this thread got to read them), so a reader that waits for a CPU
+    does not distort the rate; `time.monotonic()` at each read where the kernel gives none."""
+    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    view = memoryview(buf)
+    got = 0
+    first = half = last = (0.0, None)  # (monotonic, kernel) of the reads that got there
+    while got < n:
+        k, anc, _flags, _addr = sock.recvmsg_into([view[: min(len(buf), n - got)]], _CMSG_SPACE)
+        if not k:
+            raise ConnectionError(f"peer closed after {got} of {n} bytes")
+        kernel = None
+        for level, ctype, data in anc:
+            if level == socket.SOL_SOCKET and ctype == SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
+                sec, nsec = _TIMESPEC.unpack_from(data)
+                kernel = sec + nsec * 1e-9
+        stamp = (time.monotonic(), kernel)
+        if got == 0:
+            first = stamp
+        if got < n // 2 <= got + k:
+            half = stamp
+        got += k
+        last = stamp
+    stamps = (first, half, last)
+    if all(kern is not None for _, kern in stamps):
+        return got, first[1], half[1], last[1]  # type: ignore[return-value]
+    return got, first[0], half[0], last[0]
 
 
 class _UdpLog:
@@ -68,17 +103,7 @@ class _Handler(socketserver.BaseRequestHandler):
                 while True:
                     sock.sendall(_recv_exact(sock, n))
             elif cmd == b"U":
-                got, first, half = 0, 0.0, 0.0
-                while got < n:
-                    part = sock.recv_into(memoryview(self.server.scratch), min(CHUNK, n - got))
-                    if not part:
-                        raise ConnectionError("peer closed")
-                    if got == 0:
-                        first = time.monotonic()
-                    got += part
-                    if not half and got >= n // 2:
-                        half = time.monotonic()
-                sock.sendall(_UPLOAD_REPLY.pack(got, first, half, time.monotonic()))
+                sock.sendall(_UPLOAD_REPLY.pack(*receive_timed(sock, n, self.server.scratch)))
             elif cmd == b"D":
                 payload = bytes(CHUNK)
                 left = n
@@ -181,19 +206,7 @@ def download(host: str, port: int, nbytes: int, timeout_s: float = 60.0) -> Tran
     """Fetch `nbytes` from the server; first-to-last-byte rate, and the rate of the second half."""
     with _connect(host, port, timeout_s) as sock:
         sock.sendall(_HDR.pack(b"D", nbytes))
-        buf = bytearray(CHUNK)
-        got, first, half_t = 0, 0.0, 0.0
-        while got < nbytes:
-            k = sock.recv_into(buf, min(CHUNK, nbytes - got))
-            if not k:
-                raise ConnectionError(f"server closed after {got} of {nbytes} bytes")
-            if got == 0:
-                first = time.monotonic()
-            got += k
-            if not half_t and got >= nbytes // 2:
-                half_t = time.monotonic()
-        last = time.monotonic()
-    return _transfer(got, first, half_t, last)
+        return _transfer(*receive_timed(sock, nbytes, bytearray(CHUNK)))
 
 
 def udp_burst(host: str, port: int, count: int, interval_s: float, wait_s: float, size: int = 64) -> list[tuple[int, float]]:
