@@ -5,7 +5,8 @@ A "buffer table" is a uint64 tensor of per-layer data pointers (sglang's MHAToke
 `heads * head_dim` contiguous elements at `base + slot * slot_stride`. Packed region layout: [layer][token][row].
 
 Plain kernels copy elements unchanged. The fp8 kernels quantize each (layer, token, head) block of
-`head_dim` elements to e4m3 with one fp32 scale (amax / FP8_MAX), and dequantize on the way back.
+`head_dim` elements to e4m3 with one fp32 scale (amax / FP8_MAX), and dequantize on the way back;
+the arithmetic matches `kv_pack_ref.quantize_fp8_blocks` bit for bit.
 
 Only imported lazily, by `kv_pack.py`, so `sglang_pdd.kernels` imports without triton.
 """
@@ -88,8 +89,9 @@ def pack_fp8_kernel(
     x = tl.load(base + slots[:, None] * slot_stride + head * HEAD_DIM + offs_d[None, :], mask=mask, other=0.0)
     x = x.to(tl.float32)
     amax = tl.max(tl.abs(x), axis=1)
-    scale = tl.where(amax > 0.0, amax / FP8_MAX, 1.0)
-    q = (x / scale[:, None]).to(tl.float8e4nv)
+    # Correctly rounded divisions (`/` is approximate on GPUs) keep the bytes identical to torch's.
+    scale = tl.where(amax > 0.0, tl.math.div_rn(amax, tl.full(amax.shape, FP8_MAX, tl.float32)), 1.0)
+    q = tl.math.div_rn(x, scale[:, None]).to(tl.float8e4nv)
     dst_row = layer.to(tl.int64) * n_tokens + offs_t
     row = heads * HEAD_DIM
     tl.store(OutQ + dst_row[:, None] * row + head * HEAD_DIM + offs_d[None, :], q, mask=mask)
