@@ -172,6 +172,18 @@ class WorkloadConfig:
     vocab_size: int = 4096
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        if self.request_rate <= 0 or self.duration_s <= 0:
+            raise ValueError("request_rate and duration_s must be > 0")
+        if not 0.0 <= self.odd_fraction <= 1.0:
+            raise ValueError("odd_fraction must be in [0, 1]")
+        if self.max_input_len < self.input_len.hi:
+            raise ValueError("max_input_len must be >= input_len.hi")
+        if self.system_prompt_len < 0 or self.agent_types < 1 or self.vocab_size <= 16:
+            raise ValueError("need system_prompt_len >= 0, agent_types >= 1, vocab_size > 16")
+        if self.mean_turns < 1 or self.think_time_s < 0:
+            raise ValueError("need mean_turns >= 1 and think_time_s >= 0")
+
     @classmethod
     def cpu_bench(cls, **kw) -> "WorkloadConfig":
         """Scale of the CPU testbed: a tiny model, prompts of a few thousand tokens."""

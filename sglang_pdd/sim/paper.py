@@ -46,6 +46,7 @@ class PaperSetting:
 
 def assumptions(s: PaperSetting) -> list[str]:
     m, w = s.model, s.workload
+    ref = pdd_specs(s)[-1]
     a, b = CHIP_A, CHIP_B
     return [
         f"model {m.name}: {m.total_params / 1e9:.0f}B total / {m.active_params / 1e9:.0f}B active MoE "
@@ -54,18 +55,21 @@ def assumptions(s: PaperSetting) -> list[str]:
         f"chip B: {b.peak_tflops:.0f} TFLOP/s, {b.mem_gb:.0f} GB, {b.mem_bw_tbps} TB/s, price {b.price_per_hour}/h (+{(b.price_per_hour / a.price_per_hour - 1) * 100:.0f} %)",
         f"roofline: MFU {s.eff.mfu} (ramping with tokens/step, half at {s.eff.mfu_half_tokens}), MBU {s.eff.mbu}, "
         f"{s.eff.step_overhead_s * 1e3:.0f} ms/step overhead, {s.eff.mem_usable:.0%} of HBM usable; 8-chip instances",
-        f"prefill: chunk {8192} tokens, tail chunks run alone; P's own prefix cache always hits the workload's prefix",
+        f"prefill: chunk {ref.chunk_size} tokens, tail chunks run alone; P's own prefix cache always hits the workload's prefix",
         f"decode batch capped at the largest batch whose step meets 0.8 x TPOT SLA at the mean context, and by KV memory",
         f"workload: {w.input_len.lo // 1000}-{w.input_len.hi // 1000}K input (sessions grow, then compact), "
         f"{w.output_len.lo}-{w.output_len.hi} output, {w.odd_fraction:.1%} odd (output {w.odd_output_len.lo}-{w.odd_output_len.hi}), "
         f"hit histogram {w.hit_histogram.to_spec()} (mean {w.hit_histogram.mean():.3f}), closed-loop sessions "
         f"(~{w.mean_turns:.0f} turns, think {w.think_time_s:.0f} s), {w.duration_s:.0f} s window",
         f"WAN: {s.wan.bandwidth_gbps:.0f} Gbit/s shared fairly by concurrent transfers, RTT {s.wan.rtt_s * 1e3:.0f} ms, "
-        f"capacity jitter {s.wan.jitter:.0%} per {s.wan.jitter_period_s:.0f} s; transfer starts after prefill; intra-DC RDMA 400 Gbit/s",
-        f"MD decode radix cache {40}M tokens/instance (HBM + host DRAM), LRU by session; sessions sticky to one MD",
+        f"capacity jitter {s.wan.jitter:.0%} per {s.wan.jitter_period_s:.0f} s; transfer starts after prefill; "
+        f"intra-DC RDMA {ref.rdma_gbps:.0f} Gbit/s; section D re-runs on {s.tight_wan_gbps:.0f} Gbit/s",
+        f"MD decode radix cache {ref.drc_capacity_tokens / 1e6:.0f}M tokens/instance (HBM + host DRAM), LRU by session; "
+        f"sessions sticky to one MD; a relayed request RLD finishes still lands its prompt KV on MD",
         f"SLA: TTFT <= {s.sla.ttft_s} s and TPOT <= {s.sla.tpot_s * 1e3:.0f} ms for >= {s.sla.attainment:.0%} of requests; "
         f"goodput = SLA-meeting req/s at the highest load passing; BCR = goodput / (cost/h); the WAN line is not priced",
-        "PDD routing: MD hit >= 0.95 -> P->MD else P->RLD->MD (paper); pdd-bw: predicted WAN <= 1 s -> P->MD; "
+        f"PDD routing: MD hit >= {ref.routing.hit_threshold} -> P->MD else P->RLD->MD (paper); pdd-bw: predicted WAN "
+        f"<= {ref.routing.wan_budget_s} s (moving bandwidth estimate + RTT) -> P->MD; "
         "odd traffic (< 500 output tokens, decode shorter than WAN) finishes on RLD; adaptive one-shot/catch-up handoff",
     ]
 

@@ -137,3 +137,10 @@ def test_request_rate_is_about_configured():
     cfg = _cfg(request_rate=10.0, duration_s=300.0)
     n = len(measured(generate(cfg)))
     assert 0.7 * 3000 < n < 1.3 * 3000
+
+
+@pytest.mark.parametrize("kw", [dict(request_rate=0.0), dict(odd_fraction=1.5),
+                                dict(max_input_len=100), dict(vocab_size=8), dict(mean_turns=0.5)])
+def test_invalid_configuration_is_rejected(kw):
+    with pytest.raises(ValueError):
+        WorkloadConfig(**kw)
