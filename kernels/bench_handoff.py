@@ -57,6 +57,7 @@ class Problem:
     def __init__(self, batch: int, k: int, prefix: int, hq: int, hkv: int, dim: int, page: int,
                  dtype: torch.dtype, device: torch.device, seed: int = 0) -> None:
         gen = torch.Generator().manual_seed(seed)
+        torch.manual_seed(seed)
         kv_len = prefix + k
         pages_per_req = math.ceil(kv_len / page)
         num_pages = batch * pages_per_req + 1
@@ -69,9 +70,10 @@ class Problem:
             slots = (pages[:, None] * page + torch.arange(page)[None, :]).reshape(-1)
             self.req_to_token[b + 1] = slots.int()
         slots_total = num_pages * page
-        self.k_buffer = (torch.randn((slots_total, hkv, dim), generator=gen) * 0.5).to(dtype).to(device)
-        self.v_buffer = torch.randn((slots_total, hkv, dim), generator=gen).to(dtype).to(device)
-        self.q = (torch.randn((batch * k, hq, dim), generator=gen) * 0.5).to(dtype).to(device)
+        # generated on the device: a 64K-token pool is 10^8 values
+        self.k_buffer = (torch.randn((slots_total, hkv, dim), device=device) * 0.5).to(dtype)
+        self.v_buffer = torch.randn((slots_total, hkv, dim), device=device).to(dtype)
+        self.q = (torch.randn((batch * k, hq, dim), device=device) * 0.5).to(dtype)
         self.req_to_token = self.req_to_token.to(device)
         self.req_pool_indices = torch.arange(1, batch + 1, dtype=torch.int64, device=device)
         self.prefix_lens = torch.full((batch,), prefix, dtype=torch.int64, device=device)
@@ -198,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--page-size", type=int, default=1)
-    ap.add_argument("--skip", nargs="*", default=[], choices=list(COMPARATORS), help="comparators to leave out")
+    ap.add_argument("--skip", nargs="*", default=[], choices=[c.replace(" ", "-") for c in COMPARATORS],
+                    help="comparators to leave out (e.g. --skip flashinfer if it JIT-compiles for long)")
     ap.add_argument("--json", help="also write the rows to this file")
     ap.add_argument("--smoke", action="store_true", help="CPU + TRITON_INTERPRET, tiny shapes (checks the script)")
     args = ap.parse_args(argv)
@@ -221,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         for k in args.ks:
             p = Problem(args.batch, k, prefix, args.q_heads, args.kv_heads, args.head_dim, args.page_size,
                         dtype, device)
-            row = bench_point(p, timer, set(args.skip))
+            row = bench_point(p, timer, {c.replace("-", " ") for c in args.skip})
             rows.append(row)
             for name in COMPARATORS:
                 if isinstance(row.get(name), str) and row[name].startswith("n/a"):
