@@ -211,7 +211,8 @@ def orchestrate(args: argparse.Namespace) -> int:
     print(f"{geo.tokens} tokens x {geo.layers} layers x {geo.kv_heads} KV heads x {geo.head_dim} ({geo.dtype}), "
           f"page {geo.page_size}; link {args.rate_mbit:g} Mbit/s, {args.delay_ms:g} ms one way; "
           f"wire bytes A->B {after['A->B'] - before['A->B']}")
-    print(f"{'mode':<12} {'MB':>8} {'slices':>7} {'seconds':>8} {'Mbit/s':>8} {'of link':>8} {'pack s':>7} {'unpack s':>8}")
+    print(f"{'mode':<12} {'MB':>8} {'slices':>7} {'seconds':>8} {'Mbit/s':>8} {'of link':>8} "
+          f"{'pack s':>7} {'unpack s':>8}")
     for mode, r in results.items():
         rate = r["bytes"] / r["seconds"]
         r["of_link"] = rate / link_rate
