@@ -56,7 +56,11 @@ def assumptions(s: PaperSetting) -> list[str]:
         f"roofline: MFU {s.eff.mfu} (ramping with tokens/step, half at {s.eff.mfu_half_tokens}), MBU {s.eff.mbu}, "
         f"{s.eff.step_overhead_s * 1e3:.0f} ms/step overhead, {s.eff.mem_usable:.0%} of HBM usable; 8-chip instances",
         f"prefill: chunk {ref.chunk_size} tokens, tail chunks run alone; P's own prefix cache always hits the workload's prefix",
-        f"decode batch capped at the largest batch whose step meets 0.8 x TPOT SLA at the mean context, and by KV memory",
+        f"decode batch capped at the largest batch whose step meets 0.8 x TPOT SLA at the mean context, and by KV memory: "
+        f"{_batches(s)}",
+        f"deployments: baseline {s.baseline_chips} x A in 8-chip instances, P/D split with the best attainment at the "
+        f"probe load; PDD = {s.pdd_p_instances} x 8 A (P) + {s.pdd_rld_chips} A (RLD) + {s.pdd_md_instances} x 8 B (MD); "
+        f"cross-DC PD = the same without RLD",
         f"workload: {w.input_len.lo // 1000}-{w.input_len.hi // 1000}K input (sessions grow, then compact), "
         f"{w.output_len.lo}-{w.output_len.hi} output, {w.odd_fraction:.1%} odd (output {w.odd_output_len.lo}-{w.odd_output_len.hi}), "
         f"hit histogram {w.hit_histogram.to_spec()} (mean {w.hit_histogram.mean():.3f}), closed-loop sessions "
@@ -72,6 +76,21 @@ def assumptions(s: PaperSetting) -> list[str]:
         f"<= {ref.routing.wan_budget_s} s (moving bandwidth estimate + RTT) -> P->MD; "
         "odd traffic (< 500 output tokens, decode shorter than WAN) finishes on RLD; adaptive one-shot/catch-up handoff",
     ]
+
+
+def _batches(s: PaperSetting) -> str:
+    from sglang_pdd.sim.cluster import decode_max_batch
+    from sglang_pdd.sim.cost_model import CostModel
+    from sglang_pdd.sim.hardware import InstanceSpec
+    w = s.workload
+    ctx = int(w.input_len.mean + w.output_len.mean / 2)
+    out = []
+    for chip in (CHIP_A, CHIP_B):
+        cost = CostModel(s.model, InstanceSpec(chip, 8, s.eff))
+        b = decode_max_batch(cost, PoolSpec(chip, 1), ctx, s.sla.tpot_s * 0.8)
+        out.append(f"8 x {chip.name} holds {b} requests of {ctx // 1000}K "
+                   f"({b / (cost.decode_step_s(b, b * ctx) * 8):.0f} tok/s/chip)")
+    return "; ".join(out)
 
 
 @dataclass
