@@ -199,10 +199,10 @@ class QueueSocket:
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def recv_packet_ids(self) -> list[int]:
-        """Every queued-packet id readable now, without blocking (empty when none)."""
+    def recv_packet_ids(self, max_reads: int = 4096) -> list[int]:
+        """Queued-packet ids readable now (at most `max_reads` datagrams), without blocking."""
         ids: list[int] = []
-        while True:
+        for _ in range(max_reads):
             try:
                 data = self.sock.recv(self.RECV_BUF, socket.MSG_DONTWAIT)
             except BlockingIOError:
@@ -218,6 +218,7 @@ class QueueSocket:
                     ids.append(pid)
                 elif (code := error_code(msg)):
                     logger.warning("nfqueue %d: kernel error %s", self.queue_num, os.strerror(code))
+        return ids
 
     def accept_upto(self, last_id: int) -> None:
         self.sock.sendto(verdict_batch(self.queue_num, last_id, accept=True), (0, 0))

@@ -239,7 +239,10 @@ class Testbed:
                 logger.debug("stopped delay daemon %d (%s)", d.pid, d.tag)
             child = self._children.pop(d.pid, None)
             if child is not None:
-                child.wait(timeout=5)
+                try:
+                    child.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    logger.warning("delay daemon %d did not exit", d.pid)
         for pid, child in list(self._children.items()):  # reap anything else we spawned
             if child.poll() is not None:
                 self._children.pop(pid)
