@@ -9,7 +9,7 @@ holds P's pool and sends one request's KV (every layer's K and V rows of `tokens
 
   paged       one slice per (layer, K/V, page), pages scattered on both sides: what the upstream
               Mooncake sender does when neither pool has the pages in one run (in batches of at
-              most 1024 slices, the most Mooncake's TCP transport accepts in one batch here)
+              most 1024 slices: one batch of 2048 failed with Mooncake TCP here)
   packed      `pack_kv` into one staging buffer, sent as `--chunks` slices (default 1)
   packed fp8  the same with the opt-in e4m3 packing (fewer bytes; lossy)
 
@@ -139,8 +139,8 @@ def run_initiator(host: str, peer: dict[str, Any], geo: Geometry, chunks: int, s
             srcs.append(src_base + sp * geo.page_bytes)
             dsts.append(dst_base + dp * geo.page_bytes)
             lens.append(geo.page_bytes)
-    # Mooncake's TCP transport refuses batches much above ~1K slices ("Exceed the limitation of current
-    # batch's capacity"), so the slices go as consecutive batches (sglang: bounded index batches).
+    # One batch of 2048 slices failed here (1032 went through), so the slices go as consecutive batches of
+    # at most 1024 (sglang: bounded index batches, `max_transfer_batch_indices`).
     seconds = 0.0
     for i in range(0, len(lens), MAX_BATCH_SLICES):
         seconds += _timed_write(engine, session, srcs[i : i + MAX_BATCH_SLICES], dsts[i : i + MAX_BATCH_SLICES],
