@@ -37,7 +37,7 @@ class RequestState:
         self.pending_p = 0
         self.wan_tr: Optional[Transfer] = None
         self.wan_start = 0.0
-        self.rld = "none"  # none|waiting|admitted|running|handing|handed|done|skipped
+        self.rld = "none"  # none|waiting|admitted|running|handed|done|skipped
         self.md = "none"  # none|waiting|reserved|kv|extending|running|done|cancelled
         self.k_md = 0  # eager tokens MD has recomputed
         self.k_sent = 0
@@ -47,8 +47,9 @@ class RequestState:
         self.rld_last_tok_s = 0.0
 
 
-
 class RelayFlow:
+    """RLD admission, eager decoding, the handoff to MD, and RLD finishing on its own."""
+
     def _md_cache_prompt(self, st: RequestState) -> None:
         if self.drc is not None:
             self.drc[st.d].insert(st.w.session_id, st.w.segments)
