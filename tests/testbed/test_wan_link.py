@@ -74,6 +74,7 @@ def test_jitter_varies_one_way_delay_without_reordering_and_loss_drops(testbed_f
     assert 0.65 * 400 <= len(got) <= 0.92 * 400, f"{len(got)}/400 arrived with 20 % loss"
     summary = f"{len(got)} arrived, one-way ms min {min(delays_ms):.2f} median {statistics.median(delays_ms):.2f} max {max(delays_ms):.2f}"
     assert min(delays_ms) >= 10.0 - 4.0 - 0.5, summary  # never earlier than the configured bounds
-    # late arrivals can also be the receiver waiting for a CPU: bound the median, not the max
-    assert 10.0 - 4.0 <= statistics.median(delays_ms) <= 10.0 + 4.0 + 5.0, summary
+    # late arrivals can also be the receiver waiting for a CPU: bound the median, not the max, with
+    # the same slack as the RTT test (exact bounds: test_delay_schedule.py)
+    assert 10.0 - 4.0 <= statistics.median(delays_ms) <= 1.5 * (10.0 + 4.0) + 5.0, summary
     assert max(delays_ms) - min(delays_ms) > 2.0, f"no jitter visible: {summary}"
