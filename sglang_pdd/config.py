@@ -112,6 +112,14 @@ class PddConfig:
         else:
             env.pop(ENV_CONFIG, None)
 
+    def secret(self, environ: dict | None = None) -> bytes:
+        """The token channel's shared secret (`SGLANG_PDD_SECRET`); relay and main need one."""
+        value = (environ if environ is not None else os.environ).get(ENV_SECRET, "")
+        if not value:
+            raise PddConfigError(f"{ENV_SECRET} is not set: RelayDecode and MainDecode authenticate "
+                                 "the token channel with it (the same value on both)")
+        return value.encode()
+
     def describe(self) -> str:
         if not self.active:
             return "role=none (plain sglang)"
@@ -144,4 +152,6 @@ def from_cli_args(args: argparse.Namespace, disaggregation_mode: str = "null",
             f"--pdd-role {cfg.role.value} needs --disaggregation-decode-enable-radix-cache "
             "(MainDecode's decode-side radix cache is what keeps WAN bytes low)"
         )
+    if cfg.role in (Role.RELAY, Role.MAIN):
+        cfg.secret()  # fail at start-up, not at the first handoff
     return cfg

@@ -50,6 +50,15 @@ HOOKS: tuple[Hook, ...] = (
          "transfer:around_send_kvcache", "AROUND"),
     Hook(f"{_SRT}.disaggregation.mooncake.conn.MooncakeKVManager.send_aux",
          "transfer:around_send_aux", "AROUND"),
+    # RelayDecode and MainDecode (inert on other servers)
+    Hook(f"{_SRT}.managers.scheduler.Scheduler._add_request_to_queue",
+         "decode:after_add_request_to_queue", "AFTER"),
+    Hook(f"{_SRT}.managers.scheduler.Scheduler.process_decode_queue",
+         "decode:around_process_decode_queue", "AROUND"),
+    Hook(f"{_SRT}.managers.scheduler.Scheduler.get_next_disagg_decode_batch_to_run",
+         "decode:around_get_next_disagg_decode_batch_to_run", "AROUND"),
+    Hook(f"{_SRT}.managers.scheduler.Scheduler.is_fully_idle", "decode:after_is_fully_idle", "AFTER"),
+    Hook(f"{_SRT}.managers.scheduler.Scheduler.abort_request", "decode:after_abort_request", "AFTER"),
 )
 
 

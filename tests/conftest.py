@@ -15,6 +15,8 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARTIFACTS = os.environ.get("SGLANG_PDD_ARTIFACTS", os.path.join(REPO, ".artifacts"))
+# The token channel's shared secret for every relay/main server the tests start.
+os.environ.setdefault("SGLANG_PDD_SECRET", "sglang-pdd-test-secret")
 
 
 def _sglang_importable() -> tuple[bool, str]:

@@ -47,6 +47,7 @@ class Tokens(_Msg, tag="tokens"):
     start: int = 0
     ids: list[int] = []
     final: bool = True
+    logprobs: list[float] | None = None  # output logprobs of ids, when the request asked for them
 
 
 class Finished(_Msg, tag="finished"):
@@ -80,7 +81,8 @@ def decode(data: bytes, vocab_size: int | None = None) -> Message:
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise ProtocolError("malformed", str(e)) from None
     if isinstance(msg, Tokens):
-        if msg.start < 0 or len(msg.ids) > MAX_TOKENS_PER_MESSAGE:
+        if msg.start < 0 or len(msg.ids) > MAX_TOKENS_PER_MESSAGE or (
+                msg.logprobs is not None and len(msg.logprobs) != len(msg.ids)):
             raise ProtocolError("malformed", f"tokens: start {msg.start}, {len(msg.ids)} ids")
         if vocab_size is not None and any(t < 0 or t >= vocab_size for t in msg.ids):
             raise ProtocolError("out_of_vocab", f"tokens for room {msg.room}: id outside [0, {vocab_size})")

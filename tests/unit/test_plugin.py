@@ -45,16 +45,20 @@ def test_load_is_idempotent_and_hooks_apply(monkeypatch):
     assert all(len(HookRegistry._hooks[h.target]) == 1 for h in plugin.HOOKS)
     with pytest.raises(plugin.PluginLoadError, match="not applied"):
         plugin.require_hooks_applied()
+    import pkgutil
+
+    missing = object()
     originals = {}
     for h in plugin.HOOKS:
         owner, _, attr = h.target.rpartition(".")
-        import pkgutil
-
         obj = pkgutil.resolve_name(owner)
-        originals[(obj, attr)] = obj.__dict__[attr]
+        originals[(obj, attr)] = obj.__dict__.get(attr, missing)  # mixin methods live on a base class
     try:
         HookRegistry.apply_hooks()
         plugin.require_hooks_applied()
     finally:
         for (obj, attr), orig in originals.items():
-            setattr(obj, attr, orig)
+            if orig is missing:
+                delattr(obj, attr)
+            else:
+                setattr(obj, attr, orig)

@@ -1,0 +1,84 @@
+"""Decode scheduler hooks shared by RelayDecode and MainDecode; each delegates to its role's runtime.
+
+Without a PDD role (or on prefill) every body returns at once and sglang runs unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sglang_pdd.config import PddConfig
+from sglang_pdd.roles import Role
+
+logger = logging.getLogger(__name__)
+
+_UNSET = object()
+
+
+def runtime(scheduler):
+    """The scheduler's RelayRuntime / MainRuntime, created on first use; None when inert."""
+    rt = getattr(scheduler, "_pdd_runtime", _UNSET)
+    if rt is not _UNSET:
+        return rt
+    rt = None
+    cfg = PddConfig.from_env()
+    if cfg.role in (Role.RELAY, Role.MAIN) and getattr(scheduler, "attn_tp_rank", 0) == 0:
+        secret = cfg.secret()
+        if cfg.role is Role.RELAY:
+            from sglang_pdd.relay.runtime import RelayRuntime
+
+            rt = RelayRuntime(scheduler, cfg, secret)
+        else:
+            from sglang_pdd.main.runtime import MainRuntime
+
+            rt = MainRuntime(scheduler, cfg, secret)
+    scheduler._pdd_runtime = rt
+    return rt
+
+
+def after_add_request_to_queue(_result, scheduler, req, is_retracted=False, *a, **kw) -> None:
+    rt = runtime(scheduler)
+    if rt is None or is_retracted:
+        return
+    if hasattr(rt, "admit"):
+        rt.admit(req)
+    else:
+        rt.handoff.track(req)
+
+
+def around_process_decode_queue(original, scheduler, *a, **kw):
+    result = original(scheduler, *a, **kw)
+    rt = runtime(scheduler)
+    if rt is None:
+        return result
+    if hasattr(rt, "after_process_decode_queue"):
+        rt.after_process_decode_queue()
+    else:
+        rt.poll()
+    return result
+
+
+def around_get_next_disagg_decode_batch_to_run(original, scheduler, running_batch, *a, **kw):
+    rt = runtime(scheduler)
+    if rt is None or not hasattr(rt, "next_batch"):
+        return original(scheduler, running_batch, *a, **kw)
+    batch, running_batch = rt.next_batch(running_batch)
+    if batch is None:
+        return original(scheduler, running_batch, *a, **kw)
+    from sglang.srt.managers.schedule_batch import NextBatchPlan
+
+    batch = scheduler.dp_attn_adapter.maybe_prepare_mlp_sync_batch(batch)
+    return NextBatchPlan(batch_to_run=batch, running_batch=running_batch)
+
+
+def after_is_fully_idle(result, scheduler, *a, **kw):
+    rt = runtime(scheduler)
+    if result and rt is not None and hasattr(rt, "busy") and rt.busy():
+        return False
+    return result
+
+
+def after_abort_request(_result, scheduler, recv_req, *a, **kw) -> None:
+    rt = runtime(scheduler)
+    if rt is not None and hasattr(rt, "on_abort_request"):
+        rt.on_abort_request(recv_req.rid, getattr(recv_req, "abort_message", None))

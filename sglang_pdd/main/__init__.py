@@ -1,0 +1,1 @@
+"""MainDecode: take relayed requests over from RelayDecode by token IDs and one EXTEND step."""

@@ -1,0 +1,169 @@
+"""MainDecode's side of the handoff, as a plain state machine over the token channel.
+
+Per relayed request (MD's copy, keyed by the relay's address and room):
+
+    admitted --(KV transfer done: kv_arrived)--> waiting_tokens --(Tokens)--> ready --(take_ready)--> gone
+         \\_____________ Finished / Reject / timeout: an abort action _____________/
+
+`admit` sends `Watch` at once, so a relay that finishes the request itself can say so while MD's WAN
+transfer is still running. `kv_arrived` sends `Ready`. `poll` turns channel messages and timeouts into
+`Abort` actions for the scheduler hook, which knows where the request sits.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from sglang_pdd.protocol.messages import Finished, Ready, Reject, Tokens, Watch
+from sglang_pdd.protocol.request import RequestParams
+
+logger = logging.getLogger(__name__)
+
+ADMITTED, WAITING_TOKENS, READY = "admitted", "waiting_tokens", "ready"
+
+
+class Channel(Protocol):
+    def poll(self) -> list[tuple[str, Any]]: ...
+
+    def send(self, addr: str, msg: Any) -> bool: ...
+
+
+@dataclass
+class Pending:
+    req: Any
+    relay: str
+    relay_room: int
+    state: str = ADMITTED
+    since: float = 0.0
+    tokens: list[int] | None = None
+    logprobs: list[float] | None = None
+
+
+@dataclass
+class Abort:
+    req: Any
+    held: bool  # True: the KV arrived and the hook holds the request; False: still in sglang's queues
+    message: str
+    relay_finished: bool  # the relay completed the request itself (not an error)
+
+
+@dataclass
+class MainStats:
+    admitted: int = 0
+    handoffs: int = 0
+    handoff_tokens: int = 0
+    relay_finished: int = 0
+    failed: int = 0
+    unknown_messages: int = 0
+    extend_sizes: list[int] = field(default_factory=list)
+
+
+class MainHandoff:
+    def __init__(self, channel: Channel, timeout_s: float, now: Callable[[], float] = time.monotonic):
+        self.channel = channel
+        self.timeout_s = timeout_s
+        self.now = now
+        self.pending: dict[tuple[str, int], Pending] = {}
+        self.by_rid: dict[str, tuple[str, int]] = {}
+        self.stats = MainStats()
+
+    # -- what the scheduler hook calls -------------------------------------------------------
+    def admit(self, req: Any, params: RequestParams) -> None:
+        key = (params.relay, params.relay_room)
+        self.pending[key] = Pending(req, params.relay, params.relay_room, since=self.now())
+        self.by_rid[req.rid] = key
+        self.stats.admitted += 1
+        self.channel.send(params.relay, Watch(room=params.relay_room))
+
+    def is_relayed(self, req: Any) -> bool:
+        return req.rid in self.by_rid
+
+    def kv_arrived(self, req: Any) -> None:
+        p = self.pending[self.by_rid[req.rid]]
+        p.state, p.since = WAITING_TOKENS, self.now()
+        self.channel.send(p.relay, Ready(room=p.relay_room))
+        logger.debug("main room %s: KV arrived, asked relay %s for tokens", p.relay_room, p.relay)
+
+    def held(self) -> list[Any]:
+        """Requests whose KV arrived and that sglang's own queues no longer see."""
+        return [p.req for p in self.pending.values() if p.state != ADMITTED]
+
+    def poll(self) -> list[Abort]:
+        aborts: list[Abort] = []
+        for addr, msg in self.channel.poll():
+            p = self.pending.get((addr, msg.room))
+            if p is None:
+                self.stats.unknown_messages += 1
+                logger.warning("token channel: %s for unknown or finished room %s from %s",
+                               type(msg).__name__, msg.room, addr)
+                continue
+            if isinstance(msg, Tokens) and p.state == WAITING_TOKENS:
+                if not msg.final or msg.start != 0 or not msg.ids:
+                    aborts.append(self._fail(p, f"relay sent tokens {msg.start}+{len(msg.ids)} final={msg.final}; "
+                                                "one-shot handoff expects all from 0"))
+                else:
+                    p.tokens, p.logprobs, p.state = list(msg.ids), msg.logprobs, READY
+            elif isinstance(msg, Finished):
+                self.stats.relay_finished += 1
+                aborts.append(self._end(p, f"pdd: the relay finished this request itself ({msg.reason})",
+                                        relay_finished=True))
+            elif isinstance(msg, Reject):
+                aborts.append(self._fail(p, f"pdd: the relay rejected the handoff: {msg.reason}"))
+            else:
+                aborts.append(self._fail(p, f"pdd: unexpected {type(msg).__name__} in state {p.state}"))
+        now = self.now()
+        for p in list(self.pending.values()):
+            if p.state == WAITING_TOKENS and now - p.since > self.timeout_s:
+                aborts.append(self._fail(p, f"pdd: no eager tokens from the relay within {self.timeout_s:g}s"))
+        return aborts
+
+    def take_ready(self, max_reqs: int, slot_budget: int, solo: Callable[[Any], bool] = lambda req: False,
+                   cost: Callable[[Pending], int] = lambda p: len(p.tokens)) -> list[Pending]:
+        """Ready requests for one EXTEND batch, oldest first, within the row and KV-slot budgets
+        (`cost(p)`: slots its EXTEND allocates). A request for which `solo(req)` holds gets a batch
+        of its own. What does not fit stays ready for a later iteration."""
+        out = []
+        for key, p in list(self.pending.items()):
+            if p.state != READY:
+                continue
+            if len(out) >= max_reqs or cost(p) > slot_budget:
+                break
+            if solo(p.req) and out:
+                break
+            slot_budget -= cost(p)
+            out.append(p)
+            self._forget(key)
+            self.stats.handoffs += 1
+            self.stats.handoff_tokens += len(p.tokens)
+            if solo(p.req):
+                break
+        if out:
+            self.stats.extend_sizes.append(len(out))
+        return out
+
+    def drop(self, rid: str) -> Any | None:
+        """Forget a request (aborted from outside); returns it when the hook was holding it."""
+        key = self.by_rid.get(rid)
+        if key is None:
+            return None
+        p = self.pending[key]
+        self._forget(key)
+        return p.req if p.state != ADMITTED else None
+
+    # -- internals -------------------------------------------------------------------------
+    def _fail(self, p: Pending, message: str) -> Abort:
+        self.stats.failed += 1
+        logger.warning("main room %s (relay room %s): %s", getattr(p.req, "bootstrap_room", "?"), p.relay_room, message)
+        return self._end(p, message, relay_finished=False)
+
+    def _end(self, p: Pending, message: str, relay_finished: bool) -> Abort:
+        self._forget((p.relay, p.relay_room))
+        return Abort(p.req, held=p.state != ADMITTED, message=message, relay_finished=relay_finished)
+
+    def _forget(self, key: tuple[str, int]) -> None:
+        p = self.pending.pop(key, None)
+        if p is not None:
+            self.by_rid.pop(p.req.rid, None)

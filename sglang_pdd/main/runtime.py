@@ -1,0 +1,124 @@
+"""MainDecode inside sglang's decode scheduler: divert relayed requests, talk to RLD, run the EXTEND."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sglang_pdd.config import PddConfig
+from sglang_pdd.main import extend_batch
+from sglang_pdd.main.handoff import MainHandoff
+from sglang_pdd.protocol.channel import MainChannel
+from sglang_pdd.protocol.request import RequestParamsError, parse
+
+logger = logging.getLogger(__name__)
+
+
+class MainRuntime:
+    def __init__(self, scheduler, cfg: PddConfig, secret: bytes):
+        self.scheduler = scheduler
+        self.channel = MainChannel(secret, vocab_size=scheduler.model_config.vocab_size)
+        self.handoff = MainHandoff(self.channel, timeout_s=cfg.handoff_timeout)
+        self.last_extend = None  # the EXTEND batch that ran last iteration, merged on the next one
+        self._registered: set[int] = set()
+
+    # -- admission --------------------------------------------------------------------------
+    def admit(self, req: Any) -> None:
+        try:
+            params = parse(req.sampling_params.custom_params)
+        except RequestParamsError as e:
+            from sglang.srt.disaggregation.utils import prepare_abort
+
+            req.to_finish = None
+            prepare_abort(req, str(e), status_code=400)
+            return
+        if params is None or params.relay is None:
+            return  # a plain P->MD request
+        self.handoff.admit(req, params)
+        self._register_sockets()
+
+    def _register_sockets(self) -> None:
+        sleeper = getattr(self.scheduler, "idle_sleeper", None)
+        if sleeper is None or not hasattr(sleeper, "poller"):
+            return
+        import zmq
+
+        for sock in self.channel._socks.values():
+            if id(sock) not in self._registered:
+                sleeper.poller.register(sock, zmq.POLLIN)
+                self._registered.add(id(sock))
+
+    # -- every iteration, after sglang's own process_decode_queue ----------------------------
+    def after_process_decode_queue(self) -> None:
+        s = self.scheduler
+        keep = []
+        for req in s.waiting_queue:
+            if self.handoff.is_relayed(req) and req.rid in self.handoff.by_rid and not req.finished():
+                self.handoff.kv_arrived(req)  # leaves sglang's queues: held until the tokens come
+            else:
+                keep.append(req)
+        if len(keep) != len(s.waiting_queue):
+            s.waiting_queue = keep
+        for a in self.handoff.poll():
+            self._abort(a)
+
+    def _abort(self, a, keep_kv: bool = True) -> None:
+        from sglang.srt.disaggregation.utils import prepare_abort
+        from sglang.srt.managers.io_struct import AbortReq
+        from sglang.srt.mem_cache.common import release_kv_cache
+
+        s, req = self.scheduler, a.req
+        if not a.held:  # still in sglang's prealloc/transfer queues: its own abort path frees all
+            s.abort_request(AbortReq(rid=req.rid, abort_message=a.message))
+            return
+        prepare_abort(req, a.message, status_code=None if a.relay_finished else 500)
+        s.output_streamer.stream_output([req], req.return_logprob)
+        # The prompt's KV is valid: keep it in the radix tree, so MD's cache stays aligned with P's.
+        release_kv_cache(req, s.tree_cache, checkpoint=keep_kv)
+
+    def on_abort_request(self, rid: str, message: str | None) -> None:
+        """sglang's abort_request cannot see held requests; end them here."""
+        for req in list(self.handoff.held()):
+            if rid and req.rid.startswith(rid):
+                self.handoff.drop(req.rid)
+                from sglang_pdd.main.handoff import Abort
+
+                self._abort(Abort(req, held=True, message=message or "Aborted by AbortReq.", relay_finished=False))
+
+    def busy(self) -> bool:
+        return bool(self.handoff.held()) or self.last_extend is not None
+
+    # -- batch selection ----------------------------------------------------------------------
+    def next_batch(self, running_batch):
+        """Merge last iteration's EXTEND batch; return (extend batch or None, running batch)."""
+        s = self.scheduler
+        if self.last_extend is not None:
+            lb, self.last_extend = self.last_extend, None
+            lb.filter_batch()
+            if not lb.is_empty():
+                if running_batch.is_empty():
+                    running_batch = lb
+                else:
+                    running_batch.merge_batch(lb)
+        free_rows = min(s.max_running_requests, s.req_to_token_pool.size) - running_batch.batch_size()
+        if free_rows <= 0:
+            return None, running_batch
+        page = max(1, s.token_to_kv_pool_allocator.page_size)
+        budget = s.token_to_kv_pool_allocator.available_size() + s.tree_cache.evictable_size()
+        items = self.handoff.take_ready(
+            free_rows, budget, solo=extend_batch.needs_penalties,
+            cost=lambda p: extend_batch.slots_needed(len(p.req.origin_input_ids), len(p.tokens), page))
+        if not items:
+            return None, running_batch
+        try:
+            batch = extend_batch.build(s, items)
+        except Exception as e:  # a broken handoff ends these requests, never the server
+            logger.exception("handoff EXTEND could not be built")
+            from sglang_pdd.main.handoff import Abort
+
+            for p in items:
+                self._abort(Abort(p.req, held=True, message=f"pdd: handoff failed: {e}", relay_finished=False),
+                            keep_kv=False)
+            return None, running_batch
+        self.last_extend = batch
+        return batch, running_batch

@@ -1,0 +1,1 @@
+"""RelayDecode: decode at once, hand the eager tokens to MainDecode on its READY, then stop."""

@@ -1,0 +1,70 @@
+"""RelayDecode inside sglang's decode scheduler: the token channel, and how a handoff ends a request."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sglang_pdd.config import PddConfig
+from sglang_pdd.protocol.channel import RelayChannel
+from sglang_pdd.relay.handoff import RelayHandoff
+
+logger = logging.getLogger(__name__)
+
+
+def handoff_finish(k: int):
+    """The finish reason of a request RLD handed over after k eager tokens (never shown to clients
+    by the PDD router; a client driving the roles itself reads k from it)."""
+    from sglang.srt.managers.schedule_batch import BaseFinishReason
+
+    class FINISH_PDD_HANDOFF(BaseFinishReason):
+        def __init__(self, k: int):
+            super().__init__()
+            self.k = k
+
+        def to_json(self):
+            return {"type": "pdd_handoff", "handoff_tokens": self.k}
+
+    return FINISH_PDD_HANDOFF(k)
+
+
+class RelayRuntime:
+    """Owns the channel and the handoff state machine of one RLD scheduler (attn-TP rank 0)."""
+
+    def __init__(self, scheduler, cfg: PddConfig, secret: bytes):
+        self.scheduler = scheduler
+        host = scheduler.server_args.host or "0.0.0.0"
+        self.channel = RelayChannel(f"tcp://{host}:{cfg.token_port}", secret,
+                                    vocab_size=scheduler.model_config.vocab_size)
+        self.handoff = RelayHandoff(self.channel, timeout_s=cfg.handoff_timeout)
+        sleeper = getattr(scheduler, "idle_sleeper", None)
+        if sleeper is not None and hasattr(sleeper, "poller"):
+            import zmq
+
+            sleeper.poller.register(self.channel.sock, zmq.POLLIN)
+        logger.info("sglang-pdd relay: token channel on %s", self.channel.address)
+
+    # -- RelayOps ---------------------------------------------------------------------------
+    def is_decoding(self, req: Any) -> bool:
+        return any(r is req for r in self.scheduler.running_batch.reqs)
+
+    def output_logprobs(self, req: Any, k: int) -> list[float] | None:
+        if not req.return_logprob:
+            return None
+        vals = list(req.logprob.output_token_logprobs_val or [])
+        return [float(v) for v in vals[:k]] if len(vals) >= k else None
+
+    def finish_with_handoff(self, req: Any, k: int) -> None:
+        """End the request now, between two decode steps: its stream carries exactly t1..tk."""
+        from sglang.srt.mem_cache.common import release_kv_cache
+
+        s = self.scheduler
+        req.finished_reason = handoff_finish(k)
+        s.output_streamer.stream_output([req], req.return_logprob)
+        release_kv_cache(req, s.tree_cache, checkpoint=False)
+        req.time_stats.set_completion_time()
+        s.running_batch.filter_batch()
+
+    # -- called by the hooks ----------------------------------------------------------------
+    def poll(self) -> None:
+        self.handoff.poll(self)
