@@ -19,6 +19,8 @@ from sglang_pdd.roles import ROLE_CHOICES, Role
 
 ENV_CONFIG = "SGLANG_PDD_CONFIG"  # JSON of PddConfig, set by the launcher for its children
 ENV_SECRET = "SGLANG_PDD_SECRET"  # shared secret of the token channel (never put on a command line)
+# Test only: seconds a prefill sleeps before each KV write to MainDecode (emulates a slow WAN write).
+ENV_TEST_MAIN_WRITE_DELAY = "SGLANG_PDD_TEST_MAIN_WRITE_DELAY"
 
 
 class PddConfigError(ValueError):
@@ -125,6 +127,18 @@ class PddConfig:
             return "role=none (plain sglang)"
         extra = f", token channel :{self.token_port}" if self.role is Role.RELAY else ""
         return f"role={self.role.value}{extra}"
+
+
+def main_write_delay_for_tests(environ: dict | None = None) -> float:
+    """`SGLANG_PDD_TEST_MAIN_WRITE_DELAY` (test only; 0 when unset)."""
+    text = (environ if environ is not None else os.environ).get(ENV_TEST_MAIN_WRITE_DELAY, "")
+    try:
+        value = float(text) if text else 0.0
+    except ValueError:
+        raise PddConfigError(f"{ENV_TEST_MAIN_WRITE_DELAY}: not a number of seconds: {text!r}") from None
+    if value < 0:
+        raise PddConfigError(f"{ENV_TEST_MAIN_WRITE_DELAY}: must be >= 0, got {value}")
+    return value
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:

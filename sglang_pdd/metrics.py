@@ -24,15 +24,17 @@ def _counter(name: str, doc: str, labels: tuple[str, ...]):
         return _metrics[name]
 
 
-def record_transfer(kind: str, peer: str, nbytes: int, ok: bool) -> None:
+def record_transfer(kind: str, peer: str, nbytes: int, ok: bool, path: str = "direct") -> None:
+    """One transfer-engine batch; `path` is the PDD leg (relay, main, or direct for plain PD)."""
+    labels = ("path", "kind", "peer")
     if ok:
-        _counter("transfer_bytes", "Bytes written by the KV transfer engine", ("kind", "peer")).labels(
-            kind, peer).inc(nbytes)
-        _counter("transfer_batches", "Completed transfer-engine batches", ("kind", "peer")).labels(
-            kind, peer).inc()
+        _counter("transfer_bytes", "Bytes written by the KV transfer engine", labels).labels(
+            path, kind, peer).inc(nbytes)
+        _counter("transfer_batches", "Completed transfer-engine batches", labels).labels(
+            path, kind, peer).inc()
     else:
-        _counter("transfer_failed_batches", "Failed transfer-engine batches", ("kind", "peer")).labels(
-            kind, peer).inc()
+        _counter("transfer_failed_batches", "Failed transfer-engine batches", labels).labels(
+            path, kind, peer).inc()
 
 
 def parse_exposition(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:

@@ -50,6 +50,13 @@ HOOKS: tuple[Hook, ...] = (
          "transfer:around_send_kvcache", "AROUND"),
     Hook(f"{_SRT}.disaggregation.mooncake.conn.MooncakeKVManager.send_aux",
          "transfer:around_send_aux", "AROUND"),
+    # Prefill: the fan-out sender (RelayDecode gets all the KV, MainDecode its miss) and its main lanes
+    Hook(f"{_SRT}.disaggregation.prefill.PrefillBootstrapQueue.create_sender",
+         "prefill:around_create_sender", "AROUND"),
+    Hook(f"{_SRT}.disaggregation.mooncake.conn.MooncakeKVManager.add_transfer_request",
+         "prefill:around_add_transfer_request", "AROUND"),
+    Hook(f"{_SRT}.managers.scheduler_components.internal_state.SchedulerInternalStateController"
+         ".get_internal_state", "prefill:after_get_internal_state", "AFTER"),
     # RelayDecode and MainDecode (inert on other servers)
     Hook(f"{_SRT}.managers.scheduler.Scheduler._add_request_to_queue",
          "decode:after_add_request_to_queue", "AFTER"),

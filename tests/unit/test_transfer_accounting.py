@@ -6,7 +6,7 @@ from sglang_pdd.transfer.accounting import TransferLedger
 
 def test_bytes_are_counted_per_kind_and_peer_and_failures_apart():
     seen = []
-    ledger = TransferLedger(on_record=lambda *a: seen.append(a))
+    ledger = TransferLedger(on_record=lambda *a, **kw: seen.append(a))
     with ledger.kind("kv"):
         ledger.record("10.0.0.2:1", 4096, ok=True)
         ledger.record("10.0.0.2:1", 4096, ok=False)
@@ -46,3 +46,19 @@ def test_prometheus_exposition_is_parsed_by_labels():
     )
     got = parse_exposition(text, "sglang_pdd_transfer_bytes_total")
     assert got == {(("kind", "kv"), ("peer", "a:1")): 16000.0, (("kind", "aux"), ("peer", "a:1")): 8.0}
+
+
+def test_path_comes_from_the_writing_thread_then_the_peer_session_else_direct():
+    seen = []
+    ledger = TransferLedger(on_record=lambda *a, path: seen.append(path))
+    ledger.tag_sessions(["relay:1"], "relay")
+    with ledger.kind("kv"):
+        ledger.record("relay:1", 100, ok=True)
+        ledger.record("plain:2", 10, ok=True)
+        with ledger.path("main"):
+            ledger.record("md:3", 7, ok=True)
+            ledger.record("relay:1", 1, ok=True)  # the thread's path wins
+    assert seen == ["relay", "direct", "main", "main"]
+    totals = ledger.path_totals()
+    assert totals[("relay", "kv")].bytes == 100 and totals[("direct", "kv")].bytes == 10
+    assert totals[("main", "kv")].bytes == 8 and ledger.current_path() == "direct"

@@ -1,0 +1,68 @@
+"""Prefill (P) hooks: the fan-out sender, its main lanes, and P's pool state for leak checks.
+
+Active with `--pdd-role prefill` only; on any other server every body calls straight through.
+The logic lives in sglang_pdd.transfer (fanout, lanes, mooncake_fanout, pool_state).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from http import HTTPStatus
+
+from sglang_pdd.config import PddConfig
+from sglang_pdd.hooks.transfer import LEDGER
+from sglang_pdd.roles import Role
+from sglang_pdd.transfer import pool_state
+from sglang_pdd.transfer.lanes import MAIN_PATH, RELAY_PATH, FanoutRegistry, MainLanes
+from sglang_pdd.transfer.mooncake_fanout import FanoutBuilder, FanoutParamsError
+
+logger = logging.getLogger(__name__)
+
+REGISTRY = FanoutRegistry()
+LANES = MainLanes(REGISTRY, thread_context=lambda: LEDGER.path(MAIN_PATH),
+                  on_relay_sessions=lambda sessions: LEDGER.tag_sessions(sessions, RELAY_PATH))
+
+
+@functools.lru_cache(maxsize=1)
+def _builder() -> FanoutBuilder | None:
+    cfg = PddConfig.from_env()
+    if cfg.role is not Role.PREFILL:
+        return None
+    return FanoutBuilder(REGISTRY, cfg.main_bootstrap_timeout)
+
+
+def around_create_sender(original, queue, req, num_kv_heads):
+    builder = _builder()
+    if builder is None:
+        return original(queue, req, num_kv_heads)
+    try:
+        main_room = builder.main_room(req)
+    except FanoutParamsError as e:
+        _reject(queue, req, str(e))
+        return False
+    ok = original(queue, req, num_kv_heads)
+    if ok and main_room is not None:
+        builder.attach(queue, req, main_room)
+    return ok
+
+
+def around_add_transfer_request(original, manager, room, *args, **kwargs):
+    if _builder() is None:
+        return original(manager, room, *args, **kwargs)
+    return LANES.route(original, manager, room, *args, **kwargs)
+
+
+def after_get_internal_state(result, controller, *args, **kwargs):
+    if _builder() is not None and isinstance(getattr(result, "internal_state", None), dict):
+        result.internal_state[pool_state.KEY] = pool_state.prefill_pool_state(controller.scheduler)
+    return result
+
+
+def _reject(queue, req, message: str) -> None:
+    """End this request with a 400, as sglang does for a prompt over capacity; the server goes on."""
+    from sglang.srt.disaggregation.utils import prepare_abort
+
+    logger.warning("request %s (room %s) rejected: %s", req.rid, req.bootstrap_room, message)
+    prepare_abort(req, message, status_code=HTTPStatus.BAD_REQUEST)
+    queue.scheduler.output_streamer.stream_output([req], req.return_logprob)

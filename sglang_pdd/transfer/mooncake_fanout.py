@@ -1,0 +1,117 @@
+"""Building a `FanoutSender` on sglang's prefill bootstrap queue (Mooncake backend).
+
+`FanoutBuilder.attach(queue, req)` runs right after sglang's `PrefillBootstrapQueue.create_sender`
+built the request's sender (the relay's, room R): when the request carries
+`custom_params.pdd.main_room` (R2) it builds a second sender of the same class on the same KV manager
+and bootstrap server for R2, and puts a `FanoutSender` over both in `req.disagg_kv_sender`.
+`check(req)` runs before it and turns a malformed `pdd` parameter into a clear error for that request.
+
+The adapters the plain fan-out logic needs live here too: `MooncakeRooms` (the manager's per-room
+state) and `MetadataRows` (P's metadata slots, and the copy of a row that names the main's room).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sglang_pdd.protocol import request as request_params
+from sglang_pdd.transfer.fanout import FanoutContext, FanoutSender
+from sglang_pdd.transfer.lanes import FanoutRegistry
+
+logger = logging.getLogger(__name__)
+
+FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # sglang's warm-up / health-check marker: no real transfer
+
+
+class FanoutParamsError(ValueError):
+    """The request's `custom_params.pdd` cannot drive a fan-out."""
+
+
+class MooncakeRooms:
+    """`RoomTable` over a Mooncake (CommonKVManager) prefill KV manager."""
+
+    def __init__(self, kv_mgr: Any, registry: FanoutRegistry):
+        self.kv_mgr = kv_mgr
+        self.registry = registry
+
+    def outstanding(self, room: int) -> int:
+        return int(self.kv_mgr._staging_outstanding.get(room, 0))
+
+    def fail(self, room: int, reason: str) -> None:
+        self.kv_mgr.conclude_failure(bootstrap_room=room, failure_reason=reason)
+
+    def release(self, room: int) -> None:
+        with self.kv_mgr.failure_lock:
+            self.kv_mgr.failure_records.pop(room, None)
+        self.registry.close(room)
+
+
+class MetadataRows:
+    """`MetadataSlots` over sglang's `ReqToMetadataIdxAllocator` and `MetadataBuffers`."""
+
+    def __init__(self, allocator: Any, buffers: Any):
+        self.allocator = allocator
+        self.buffers = buffers
+
+    def alloc(self) -> int | None:
+        return self.allocator.alloc()
+
+    def free(self, index: int) -> None:
+        self.allocator.free(index)
+
+    def copy_row(self, src: int, dst: int, room: int) -> None:
+        import torch
+
+        rows = self.buffers.bootstrap_room.shape[0]
+        for tensor in vars(self.buffers).values():
+            if isinstance(tensor, torch.Tensor) and tensor.dim() > 0 and tensor.shape[0] == rows:
+                tensor[dst].copy_(tensor[src])
+        self.buffers.bootstrap_room[dst, 0] = room  # the main decode checks the row names its room
+        if getattr(self.buffers, "kv_checksum", None) is not None:
+            self.buffers.kv_checksum[dst] = 0  # the digest covers the relay's pages: "not written"
+
+
+class FanoutBuilder:
+    def __init__(self, registry: FanoutRegistry, main_bootstrap_timeout: float):
+        self.registry = registry
+        self.main_bootstrap_timeout = main_bootstrap_timeout
+
+    @staticmethod
+    def main_room(req: Any) -> int | None:
+        """MD's room for this request, None for a plain PD request; FanoutParamsError when malformed."""
+        try:
+            params = request_params.parse(req.sampling_params.custom_params)
+        except request_params.RequestParamsError as e:
+            raise FanoutParamsError(str(e)) from None
+        if params is None or params.main_room is None:
+            return None
+        if req.bootstrap_room is None:
+            raise FanoutParamsError("custom_params.pdd.main_room needs the request's bootstrap_room (the relay's)")
+        if params.main_room == req.bootstrap_room:
+            raise FanoutParamsError(f"custom_params.pdd.main_room must differ from bootstrap_room "
+                                    f"({req.bootstrap_room}): the main decode needs a room of its own")
+        return params.main_room
+
+    def attach(self, queue: Any, req: Any, main_room: int) -> FanoutSender | None:
+        """Wrap the relay sender sglang just built; None when this request cannot fan out."""
+        relay = req.disagg_kv_sender
+        if req.bootstrap_host == FAKE_BOOTSTRAP_HOST or not hasattr(relay, "bootstrap_server_url"):
+            return None
+        main = type(relay)(
+            mgr=queue.kv_manager,
+            bootstrap_addr=relay.bootstrap_server_url,
+            bootstrap_room=main_room,
+            req_has_disagg_prefill_dp_rank=req.disagg_prefill_dp_rank is not None,
+        )
+        self.registry.open(req.bootstrap_room, main_room)
+        ctx = FanoutContext(
+            slots=MetadataRows(queue.req_to_metadata_buffer_idx_allocator, queue.metadata_buffers),
+            rooms=MooncakeRooms(queue.kv_manager, self.registry),
+            page_size=queue.scheduler.token_to_kv_pool_allocator.page_size,
+            main_bootstrap_timeout=self.main_bootstrap_timeout,
+        )
+        sender = FanoutSender(relay, main, ctx)
+        req.disagg_kv_sender = sender
+        logger.debug("fanout room %s: main room %s", req.bootstrap_room, main_room)
+        return sender

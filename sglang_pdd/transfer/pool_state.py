@@ -1,0 +1,52 @@
+"""What a prefill server still holds: its KV pool, request rows, metadata slots and transfer tables.
+
+Read through sglang's `/get_server_info` (`internal_states[i]["pdd_prefill"]`, added by the prefill
+hook) so a test can tell that P is back to idle after fan-outs, aborts and timeouts: no KV page, row
+or metadata slot held, no room left in the Mooncake manager's tables. `is_idle(state)` is that check.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+KEY = "pdd_prefill"
+_TABLES = ("request_status", "transfer_infos", "req_to_decode_prefix_len", "failure_records",
+           "_staging_outstanding")
+
+
+def prefill_pool_state(scheduler: Any) -> dict:
+    queue = scheduler.disagg_prefill_bootstrap_queue
+    kv_mgr = queue.kv_manager
+    alloc = scheduler.token_to_kv_pool_allocator
+    meta = queue.req_to_metadata_buffer_idx_allocator
+    return {
+        "kv_total": int(scheduler.max_total_num_tokens),
+        "kv_available": int(alloc.available_size()),
+        "kv_evictable": int(scheduler.tree_cache.evictable_size()),
+        "kv_protected": int(scheduler.tree_cache.protected_size()),
+        "req_rows_free": int(scheduler.req_to_token_pool.available_size()),
+        "req_rows_total": int(scheduler.req_to_token_pool.size),
+        "metadata_free": int(meta.available_size()),
+        "metadata_total": int(meta.size),
+        "bootstrap_queue": len(queue.queue),
+        "inflight_queue": len(scheduler.disagg_prefill_inflight_queue),
+        "rooms": {name: len(getattr(kv_mgr, name, {}) or {}) for name in _TABLES},
+    }
+
+
+def idle_problems(state: dict) -> list[str]:
+    """Why `state` is not an idle prefill (empty when it is)."""
+    out = []
+    if state["kv_available"] + state["kv_evictable"] != state["kv_total"]:
+        out.append(f"KV pages held: available {state['kv_available']} + evictable {state['kv_evictable']} "
+                   f"!= total {state['kv_total']}")
+    if state["kv_protected"]:
+        out.append(f"{state['kv_protected']} KV tokens locked in the radix cache")
+    for free, total in (("req_rows_free", "req_rows_total"), ("metadata_free", "metadata_total")):
+        if state[free] != state[total]:
+            out.append(f"{free} {state[free]} != {state[total]}")
+    for q in ("bootstrap_queue", "inflight_queue"):
+        if state[q]:
+            out.append(f"{q} holds {state[q]} requests")
+    out += [f"kv manager {name} holds {n} rooms" for name, n in state["rooms"].items() if n]
+    return out

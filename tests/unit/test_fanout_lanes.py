@@ -1,0 +1,102 @@
+"""Main lanes (MainDecode's chunks on their own queue and thread) and the fan-out's request parameters."""
+
+import contextlib
+import queue
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from sglang_pdd.transfer.lanes import FanoutRegistry, MainLanes
+from sglang_pdd.transfer.mooncake_fanout import FanoutBuilder, FanoutParamsError
+
+R, R2, PLAIN = 1, 2, 3
+
+
+class FakeManager:
+    """Stock shape: add_transfer_request shards onto transfer_queues; transfer_worker drains a queue."""
+
+    def __init__(self):
+        self.transfer_queues = [queue.SimpleQueue(), queue.SimpleQueue()]
+        self.transfer_infos = {R: {"relay:7001": 0}, R2: {"md:7002": 0}, PLAIN: {"d:7003": 0}}
+        self.worked: list[tuple[str, int, str]] = []
+        self.done = threading.Event()
+
+    def add_transfer_request(self, room, payload):  # the stock body, reduced to its sharding
+        self.transfer_queues[room % len(self.transfer_queues)].put((room, payload))
+
+    def transfer_worker(self, q, executor, staging_buffer, worker_index):
+        while True:
+            room, payload = q.get()
+            self.worked.append((threading.current_thread().name, room, PATH.get()))
+            self.done.set()
+
+
+class _Path(threading.local):
+    value = "none"
+
+    def get(self):
+        return self.value
+
+
+PATH = _Path()
+
+
+@contextlib.contextmanager
+def main_path():
+    PATH.value = "main"
+    yield
+
+
+def test_main_chunks_go_down_a_lane_of_their_own_and_others_stay_on_the_stock_queues():
+    reg = FanoutRegistry()
+    reg.open(R, R2)
+    relay_sessions = []
+    lanes = MainLanes(reg, thread_context=main_path, on_relay_sessions=relay_sessions.extend)
+    m = FakeManager()
+    orig = FakeManager.add_transfer_request
+    lanes.route(orig, m, R, "relay chunk")
+    lanes.route(orig, m, R, "relay chunk 2")
+    lanes.route(orig, m, PLAIN, "plain chunk")
+    lanes.route(orig, m, R2, "main chunk")
+    assert m.done.wait(10)
+    stock = [m.transfer_queues[i].qsize() for i in range(2)]
+    assert sum(stock) == 3  # relay and plain chunks, untouched
+    assert lanes.lane_count() == 1
+    assert m.worked == [("pdd-main-lane-0", R2, "main")]
+    assert relay_sessions == ["relay:7001"]  # reported once
+
+
+def test_a_closed_pair_is_routed_as_plain_pd():
+    reg = FanoutRegistry()
+    reg.open(R, R2)
+    reg.close(R2)
+    assert not reg.is_main(R2) and not reg.is_relay(R) and len(reg) == 0
+    lanes = MainLanes(reg)
+    m = FakeManager()
+    lanes.route(FakeManager.add_transfer_request, m, R2, "x")
+    assert lanes.lane_count() == 0 and m.transfer_queues[0].qsize() == 1
+
+
+def req(custom_params, room=5):
+    return SimpleNamespace(sampling_params=SimpleNamespace(custom_params=custom_params), bootstrap_room=room)
+
+
+def test_main_room_is_read_from_custom_params():
+    assert FanoutBuilder.main_room(req({"pdd": {"v": 1, "main_room": 9}})) == 9
+    assert FanoutBuilder.main_room(req(None)) is None
+    assert FanoutBuilder.main_room(req({"pdd": {"v": 1}})) is None
+    assert FanoutBuilder.main_room(req({"other": 1})) is None
+
+
+@pytest.mark.parametrize("params, words", [
+    ({"pdd": {"v": 1, "main_room": "x"}}, "main_room"),
+    ({"pdd": {"v": 2, "main_room": 9}}, "version"),
+    ({"pdd": {"v": 1, "main_room": -1}}, "bootstrap room"),
+    ({"pdd": {"v": 1, "main_room": 9, "bogus": 1}}, "bogus"),
+    ({"pdd": {"v": 1, "main_room": 5}}, "differ"),
+    ({"pdd": "main_room=9"}, "pdd"),
+])
+def test_malformed_pdd_params_are_a_clear_error(params, words):
+    with pytest.raises(FanoutParamsError, match=words):
+        FanoutBuilder.main_room(req(params))
