@@ -44,7 +44,8 @@ def _prepare_req(req, tokens: list[int], tree_cache, drc: bool, logprobs: list[f
         req.already_computed = n
         req._cache_breakdown_computed = True
     # The relay's t1 wins over P's (they are the same token; P's is what the relay started from).
-    req.output_ids[:] = [int(t) for t in tokens]
+    del req.output_ids[:]  # a list or an array.array, depending on the sglang build
+    req.output_ids.extend(int(t) for t in tokens)
     if req.grammar is not None:
         for t in tokens:
             req.grammar.accept_token(int(t))

@@ -46,7 +46,9 @@ class RelayRuntime:
 
     # -- RelayOps ---------------------------------------------------------------------------
     def is_decoding(self, req: Any) -> bool:
-        return any(r is req for r in self.scheduler.running_batch.reqs)
+        """In the running batch, or transferred and waiting to join it (then it holds just t1)."""
+        s = self.scheduler
+        return any(r is req for r in s.running_batch.reqs) or any(r is req for r in s.waiting_queue)
 
     def output_logprobs(self, req: Any, k: int) -> list[float] | None:
         if not req.return_logprob:
@@ -59,11 +61,15 @@ class RelayRuntime:
         from sglang.srt.mem_cache.common import release_kv_cache
 
         s = self.scheduler
+        waiting = any(r is req for r in s.waiting_queue)
+        if waiting:
+            s.waiting_queue = [r for r in s.waiting_queue if r is not req]
         req.finished_reason = handoff_finish(k)
         s.output_streamer.stream_output([req], req.return_logprob)
         release_kv_cache(req, s.tree_cache, checkpoint=False)
         req.time_stats.set_completion_time()
-        s.running_batch.filter_batch()
+        if not waiting:
+            s.running_batch.filter_batch()
 
     # -- called by the hooks ----------------------------------------------------------------
     def poll(self) -> None:
