@@ -22,8 +22,8 @@ import signal
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 logger = logging.getLogger(__name__)
