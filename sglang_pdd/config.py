@@ -19,8 +19,8 @@ from sglang_pdd.roles import ROLE_CHOICES, Role
 
 ENV_CONFIG = "SGLANG_PDD_CONFIG"  # JSON of PddConfig, set by the launcher for its children
 ENV_SECRET = "SGLANG_PDD_SECRET"  # shared secret of the token channel (never put on a command line)
-# Test only: seconds a prefill sleeps before each KV write to MainDecode (emulates a slow WAN write).
-ENV_TEST_MAIN_WRITE_DELAY = "SGLANG_PDD_TEST_MAIN_WRITE_DELAY"
+# Test only: path of a JSON file of `TestKnobs`, re-read when used (so a test can flip them at run time).
+ENV_TEST_KNOBS = "SGLANG_PDD_TEST_KNOBS"
 
 
 class PddConfigError(ValueError):
@@ -129,16 +129,33 @@ class PddConfig:
         return f"role={self.role.value}{extra}"
 
 
-def main_write_delay_for_tests(environ: dict | None = None) -> float:
-    """`SGLANG_PDD_TEST_MAIN_WRITE_DELAY` (test only; 0 when unset)."""
-    text = (environ if environ is not None else os.environ).get(ENV_TEST_MAIN_WRITE_DELAY, "")
+@dataclass(frozen=True)
+class TestKnobs:
+    """Fault injection for tests only; all off unless `SGLANG_PDD_TEST_KNOBS` names a file."""
+
+    __test__ = False  # not a pytest test class
+
+    main_write_delay: float = 0.0  # prefill: sleep before each KV write to MainDecode (a slow WAN write)
+    main_extra_skip_pages: int = 0  # prefill: skip this many more pages for MainDecode (negative controls)
+
+
+def read_test_knobs(environ: dict | None = None) -> TestKnobs:
+    """The current `TestKnobs` (defaults when the variable is unset or the file is missing)."""
+    path = (environ if environ is not None else os.environ).get(ENV_TEST_KNOBS)
+    if not path:
+        return TestKnobs()
     try:
-        value = float(text) if text else 0.0
-    except ValueError:
-        raise PddConfigError(f"{ENV_TEST_MAIN_WRITE_DELAY}: not a number of seconds: {text!r}") from None
-    if value < 0:
-        raise PddConfigError(f"{ENV_TEST_MAIN_WRITE_DELAY}: must be >= 0, got {value}")
-    return value
+        with open(path) as f:
+            d = json.load(f)
+    except FileNotFoundError:
+        return TestKnobs()
+    except ValueError as e:
+        raise PddConfigError(f"{ENV_TEST_KNOBS} file {path}: not JSON: {e}") from None
+    unknown = sorted(set(d) - {f.name for f in fields(TestKnobs)})
+    if unknown:
+        raise PddConfigError(f"{ENV_TEST_KNOBS} file {path}: unknown knobs {unknown}")
+    return TestKnobs(main_write_delay=float(d.get("main_write_delay", 0.0)),
+                     main_extra_skip_pages=int(d.get("main_extra_skip_pages", 0)))
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:

@@ -1,12 +1,12 @@
 """Mooncake transfer engine and KV manager: count the bytes each batch write moves, and what they were.
 
-The test-only `SGLANG_PDD_TEST_MAIN_WRITE_DELAY` (config.main_write_delay_for_tests) makes every KV
-write on the fan-out's main path sleep first, emulating a slow WAN write; 0 (unset) in production.
+The test-only knob `main_write_delay` (config.TestKnobs, `SGLANG_PDD_TEST_KNOBS`) makes every KV write
+on the fan-out's main path sleep first, emulating a slow WAN write; off in production.
 """
 
 from __future__ import annotations
 
-import functools
+import os
 import time
 
 from sglang_pdd import config, metrics
@@ -16,9 +16,7 @@ from sglang_pdd.transfer.lanes import MAIN_PATH
 LEDGER = TransferLedger(on_record=metrics.record_transfer)
 
 
-@functools.lru_cache(maxsize=1)
-def _main_write_delay() -> float:
-    return config.main_write_delay_for_tests()
+_KNOBS_SET = bool(os.environ.get(config.ENV_TEST_KNOBS))
 
 
 def around_batch_transfer_sync(original, engine, session_id, buffers, peer_addresses, lengths, *a, **kw):
@@ -28,8 +26,8 @@ def around_batch_transfer_sync(original, engine, session_id, buffers, peer_addre
 
 
 def around_send_kvcache(original, manager, *a, **kw):
-    if LEDGER.current_path() == MAIN_PATH and _main_write_delay() > 0:
-        time.sleep(_main_write_delay())
+    if _KNOBS_SET and LEDGER.current_path() == MAIN_PATH:
+        time.sleep(config.read_test_knobs().main_write_delay)
     with LEDGER.kind("kv"):
         return original(manager, *a, **kw)
 

@@ -106,6 +106,7 @@ class FanoutContext:
     page_size: int
     main_bootstrap_timeout: float
     clock: Callable[[], float] = time.monotonic
+    extra_skip_pages: int = 0  # test only (config.TestKnobs): withhold pages the main needs
 
 
 @dataclass
@@ -253,7 +254,7 @@ class FanoutSender:
             self._fail_main("no free metadata slot for the main leg")
             return
         self._main_aux = aux
-        self._skip = diff // self.ctx.page_size
+        self._skip = min(diff // self.ctx.page_size + self.ctx.extra_skip_pages, self._num_pages)
         self._main_total = self._num_pages - self._skip
         self.main.init(self._main_total, aux)
         self.main_state = MainState.ACTIVE

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from sglang_pdd import config
 from sglang_pdd.protocol import request as request_params
 from sglang_pdd.transfer.fanout import FanoutContext, FanoutSender
 from sglang_pdd.transfer.lanes import FanoutRegistry
@@ -110,6 +111,7 @@ class FanoutBuilder:
             rooms=MooncakeRooms(queue.kv_manager, self.registry),
             page_size=queue.scheduler.token_to_kv_pool_allocator.page_size,
             main_bootstrap_timeout=self.main_bootstrap_timeout,
+            extra_skip_pages=config.read_test_knobs().main_extra_skip_pages,
         )
         sender = FanoutSender(relay, main, ctx)
         req.disagg_kv_sender = sender
