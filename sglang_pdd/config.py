@@ -19,6 +19,11 @@ from sglang_pdd.roles import ROLE_CHOICES, Role
 
 ENV_CONFIG = "SGLANG_PDD_CONFIG"  # JSON of PddConfig, set by the launcher for its children
 ENV_SECRET = "SGLANG_PDD_SECRET"  # shared secret of the token channel (never put on a command line)
+ENV_TESTING = "SGLANG_PDD_TESTING"  # "1": honour test-only negative-control switches in requests
+
+
+def testing_enabled(environ: dict | None = None) -> bool:
+    return (environ if environ is not None else os.environ).get(ENV_TESTING) == "1"
 # Test only: path of a JSON file of `TestKnobs`, re-read when used (so a test can flip them at run time).
 ENV_TEST_KNOBS = "SGLANG_PDD_TEST_KNOBS"
 

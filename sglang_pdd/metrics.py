@@ -54,3 +54,62 @@ def parse_exposition(text: str, name: str) -> dict[tuple[tuple[str, str], ...], 
                 pairs.append((k.strip(), v.strip().strip('"')))
         out[tuple(sorted(pairs))] = out.get(tuple(sorted(pairs)), 0.0) + float(value)
     return out
+
+
+def _gauge(name: str, doc: str, labels: tuple[str, ...]):
+    with _lock:
+        if name not in _metrics:
+            from prometheus_client import Gauge
+
+            _metrics[name] = Gauge(PREFIX + name, doc, labels, multiprocess_mode="livesum")
+        return _metrics[name]
+
+
+def record_handoff(role: str, k: int) -> None:
+    """One one-shot handoff of k eager tokens (counted on the relay and on the main side)."""
+    _counter("handoffs", "Extend-decode handoffs", ("role",)).labels(role).inc()
+    _counter("handoff_tokens", "Eager tokens handed over", ("role",)).labels(role).inc(k)
+
+
+def record_extend_batch(size: int) -> None:
+    _counter("handoff_extend_batches", "Handoff EXTEND batches run on MainDecode, by batch size",
+             ("size",)).labels(str(size)).inc()
+
+
+def record_relay_finished(role: str) -> None:
+    _counter("relay_finished", "Relayed requests the relay completed itself", ("role",)).labels(role).inc()
+
+
+def record_handoff_failure(role: str, reason: str) -> None:
+    _counter("handoff_failures", "Relayed requests that ended with an error", ("role", "reason")).labels(
+        role, reason).inc()
+
+
+def record_channel_rejects(role: str, reason: str, n: int) -> None:
+    _counter("token_channel_rejected", "Token-channel frames dropped (bad MAC, version, malformed...)",
+             ("role", "reason")).labels(role, reason).inc(n)
+
+
+def export_channel_rejects(role: str, rejected: dict[str, int], seen: dict[str, int]) -> None:
+    """Publish what a channel's running `rejected` counts gained since `seen` (updated in place)."""
+    for reason, n in rejected.items():
+        if n > seen.get(reason, 0):
+            record_channel_rejects(role, reason, n - seen.get(reason, 0))
+            seen[reason] = n
+
+
+def set_held(role: str, n: int) -> None:
+    _gauge("handoff_held_requests", "Relayed requests waiting for their handoff", ("role",)).labels(role).set(n)
+
+
+def publish_pool_state(role: str, scheduler) -> None:
+    """KV slots and request rows of a scheduler, so tests and operators can see leaks from outside."""
+    alloc, tree, rows = scheduler.token_to_kv_pool_allocator, scheduler.tree_cache, scheduler.req_to_token_pool
+    g = _gauge("kv_pool_tokens", "KV pool slots by state", ("role", "state"))
+    g.labels(role, "available").set(alloc.available_size())
+    g.labels(role, "evictable").set(tree.evictable_size())
+    g.labels(role, "protected").set(tree.protected_size())
+    g.labels(role, "total").set(scheduler.max_total_num_tokens)
+    r = _gauge("req_rows", "Request rows (req_to_token) by state", ("role", "state"))
+    r.labels(role, "free").set(rows.available_size())
+    r.labels(role, "total").set(rows.size)

@@ -17,6 +17,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARTIFACTS = os.environ.get("SGLANG_PDD_ARTIFACTS", os.path.join(REPO, ".artifacts"))
 # The token channel's shared secret for every relay/main server the tests start.
 os.environ.setdefault("SGLANG_PDD_SECRET", "sglang-pdd-test-secret")
+# Lets e2e tests ask a server for a negative control (e.g. MD discarding the eager tokens' KV).
+os.environ.setdefault("SGLANG_PDD_TESTING", "1")
 
 
 def _sglang_importable() -> tuple[bool, str]:

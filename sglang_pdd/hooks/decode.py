@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 
+from sglang_pdd import metrics
 from sglang_pdd.config import PddConfig
 from sglang_pdd.roles import Role
 
@@ -53,8 +54,10 @@ def around_process_decode_queue(original, scheduler, *a, **kw):
         return result
     if hasattr(rt, "after_process_decode_queue"):
         rt.after_process_decode_queue()
+        metrics.publish_pool_state("main", scheduler)
     else:
         rt.poll()
+        metrics.publish_pool_state("relay", scheduler)
     return result
 
 

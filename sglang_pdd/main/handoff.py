@@ -40,6 +40,7 @@ class Pending:
     since: float = 0.0
     tokens: list[int] | None = None
     logprobs: list[float] | None = None
+    drop_eager_kv: bool = False  # test-only negative control (see RequestParams)
 
 
 @dataclass
@@ -73,7 +74,8 @@ class MainHandoff:
     # -- what the scheduler hook calls -------------------------------------------------------
     def admit(self, req: Any, params: RequestParams) -> None:
         key = (params.relay, params.relay_room)
-        self.pending[key] = Pending(req, params.relay, params.relay_room, since=self.now())
+        self.pending[key] = Pending(req, params.relay, params.relay_room, since=self.now(),
+                                    drop_eager_kv=params.test_drop_eager_kv)
         self.by_rid[req.rid] = key
         self.stats.admitted += 1
         self.channel.send(params.relay, Watch(room=params.relay_room))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sglang_pdd.config import PddConfig
+from sglang_pdd import metrics
+from sglang_pdd.config import PddConfig, testing_enabled
 from sglang_pdd.main import extend_batch
 from sglang_pdd.main.handoff import MainHandoff
 from sglang_pdd.protocol.channel import MainChannel
@@ -21,6 +22,9 @@ class MainRuntime:
         self.handoff = MainHandoff(self.channel, timeout_s=cfg.handoff_timeout)
         self.last_extend = None  # the EXTEND batch that ran last iteration, merged on the next one
         self._registered: set[int] = set()
+        self._rejects_seen: dict[str, int] = {}
+        self._testing = testing_enabled()
+        self._drop_after_extend: list = []  # negative control: (req, n, k) whose eager KV is discarded
 
     # -- admission --------------------------------------------------------------------------
     def admit(self, req: Any) -> None:
@@ -61,6 +65,8 @@ class MainRuntime:
             s.waiting_queue = keep
         for a in self.handoff.poll():
             self._abort(a)
+        metrics.export_channel_rejects("main", self.channel.rejected, self._rejects_seen)
+        metrics.set_held("main", len(self.handoff.held()))
 
     def _abort(self, a, keep_kv: bool = True) -> None:
         from sglang.srt.disaggregation.utils import prepare_abort
@@ -68,6 +74,10 @@ class MainRuntime:
         from sglang.srt.mem_cache.common import release_kv_cache
 
         s, req = self.scheduler, a.req
+        if a.relay_finished:
+            metrics.record_relay_finished("main")
+        else:
+            metrics.record_handoff_failure("main", a.message.split(":")[1].strip()[:40] if ":" in a.message else "error")
         if not a.held:  # still in sglang's prealloc/transfer queues: its own abort path frees all
             s.abort_request(AbortReq(rid=req.rid, abort_message=a.message))
             return
@@ -88,10 +98,25 @@ class MainRuntime:
     def busy(self) -> bool:
         return bool(self.handoff.held()) or self.last_extend is not None
 
+    def _discard_eager_kv(self) -> None:
+        """Negative control: zero the KV the EXTEND wrote for t1..t(k-1), as if it never ran."""
+        s = self.scheduler
+        pool = s.token_to_kv_pool_allocator.get_kvcache()
+        for req, n, k in self._drop_after_extend:
+            if req.finished() or k < 2:
+                continue
+            locs = s.req_to_token_pool.req_to_token[req.kv.req_pool_idx, n:n + k - 1].long()
+            for layer in range(pool.start_layer, pool.start_layer + pool.layer_num):
+                pool.get_key_buffer(layer)[locs] = 0
+                pool.get_value_buffer(layer)[locs] = 0
+        self._drop_after_extend.clear()
+
     # -- batch selection ----------------------------------------------------------------------
     def next_batch(self, running_batch):
         """Merge last iteration's EXTEND batch; return (extend batch or None, running batch)."""
         s = self.scheduler
+        if self._drop_after_extend:
+            self._discard_eager_kv()
         if self.last_extend is not None:
             lb, self.last_extend = self.last_extend, None
             lb.filter_batch()
@@ -121,4 +146,12 @@ class MainRuntime:
                             keep_kv=False)
             return None, running_batch
         self.last_extend = batch
+        if self._testing:
+            for p in items:
+                if p.drop_eager_kv:
+                    p.req.skip_radix_cache_insert = True  # never publish the corrupted KV
+                    self._drop_after_extend.append((p.req, len(p.req.origin_input_ids), len(p.tokens)))
+        metrics.record_extend_batch(len(items))
+        for p in items:
+            metrics.record_handoff("main", len(p.tokens))
         return batch, running_batch

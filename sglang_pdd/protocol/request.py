@@ -30,9 +30,12 @@ class RequestParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     main_room: int | None = None  # P: MD's own bootstrap room (the fan-out target)
     relay_room: int | None = None  # MD: the room that keys this request on RLD
     relay: str | None = None  # MD: RLD's token channel, "tcp://host:port"
+    # Negative control for tests only: MD runs the EXTEND but then discards the eager tokens' KV, as
+    # if it had skipped the step. Honoured only by a server started with SGLANG_PDD_TESTING=1.
+    test_drop_eager_kv: bool = False
 
     def to_custom_params(self) -> dict:
-        return {KEY: {k: v for k, v in msgspec.structs.asdict(self).items() if v is not None}}
+        return {KEY: {k: v for k, v in msgspec.structs.asdict(self).items() if v is not None and v is not False}}
 
 
 def parse(custom_params: dict | None) -> RequestParams | None:

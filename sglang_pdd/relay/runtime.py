@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from sglang_pdd import metrics
 from sglang_pdd.config import PddConfig
 from sglang_pdd.protocol.channel import RelayChannel
 from sglang_pdd.relay.handoff import RelayHandoff
@@ -37,6 +38,8 @@ class RelayRuntime:
         self.channel = RelayChannel(f"tcp://{host}:{cfg.token_port}", secret,
                                     vocab_size=scheduler.model_config.vocab_size)
         self.handoff = RelayHandoff(self.channel, timeout_s=cfg.handoff_timeout)
+        self._rejects_seen: dict[str, int] = {}
+        self._finished_seen = 0
         sleeper = getattr(scheduler, "idle_sleeper", None)
         if sleeper is not None and hasattr(sleeper, "poller"):
             import zmq
@@ -70,7 +73,14 @@ class RelayRuntime:
         req.time_stats.set_completion_time()
         if not waiting:
             s.running_batch.filter_batch()
+        metrics.record_handoff("relay", k)
 
     # -- called by the hooks ----------------------------------------------------------------
     def poll(self) -> None:
         self.handoff.poll(self)
+        metrics.export_channel_rejects("relay", self.channel.rejected, self._rejects_seen)
+        done = self.handoff.stats.finished_locally
+        if done > self._finished_seen:
+            for _ in range(done - self._finished_seen):
+                metrics.record_relay_finished("relay")
+            self._finished_seen = done

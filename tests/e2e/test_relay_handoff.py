@@ -2,10 +2,13 @@
 over them and continues; RLD's t1..tk followed by MD's tokens equal a single server's greedy output."""
 
 import threading
+import time
 
 import pytest
 
+from sglang_pdd.metrics import parse_exposition
 from sglang_pdd.testing.client import greedy_body, greedy_ids
+from sglang_pdd.testing.servers import http_json
 from sglang_pdd.testing.launch_args import ServerConfig
 from sglang_pdd.testing.pdd_client import Roles, relayed_generate
 
@@ -13,6 +16,7 @@ pytestmark = pytest.mark.e2e
 
 TOKEN_PORT = 18500
 NEW = 64
+IDLE_ROWS: dict[str, float] = {}
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +33,8 @@ def pdd(server_group, tiny_model):
         decode_radix_cache=True, extra=["--pdd-role", "main", "--pdd-handoff-timeout", "20"]))
     for s in (p, rld, md):
         s.wait_ready()
+    for s in (rld, md):  # request rows free when idle: the baseline the leak check returns to
+        IDLE_ROWS[s.url] = wait_for_metric(s.url, "sglang_pdd_req_rows", "free")
     return Roles(prefill=p.url, relay=rld.url, main=md.url, bootstrap_host="127.0.0.1",
                  bootstrap_port=boot, token_channel=f"tcp://127.0.0.1:{TOKEN_PORT}")
 
@@ -67,6 +73,67 @@ def test_concurrent_handoffs_share_one_extend_step(pdd, reference_server, prompt
     for t in threads:
         t.join()
     assert all(r is not None for r in out)
+    sizes = metric(pdd.main, "sglang_pdd_handoff_extend_batches_total")
+    assert max(int(dict(labels)["size"]) for labels in sizes) >= 2, sizes
+
+
+def test_part_of_the_prompt_already_cached_on_main(pdd, reference_server, prompts):
+    first = prompts.ids(900, seed=60)
+    r1 = check(pdd, reference_server, first, n=24, relay_delay_s=0.5)
+    second = first + r1.tokens + prompts.ids(80, seed=61)  # the next turn of the conversation
+    r2 = check(pdd, reference_server, second, n=24, main_delay_s=0.3)
+    assert r2.main["meta_info"]["cached_tokens"] >= len(first)
+
+
+def test_negative_control_main_without_the_extend_kv_diverges(pdd, reference_server, prompts):
+    ids = prompts.ids(400, seed=70)  # a prompt nothing else uses: its KV cannot come from the cache
+    expected = greedy_ids(reference_server.url, ids, 96)
+    r = relayed_generate(pdd, greedy_body(ids, 96), main_delay_s=0.8, main_extra={"test_drop_eager_kv": True})
+    assert r.relay["meta_info"]["finish_reason"]["type"] == "pdd_handoff"
+    assert r.k >= 8, "too few eager tokens for the control to mean anything"
+    assert r.relay["output_ids"] == expected[: r.k]
+    assert r.main["output_ids"][: r.k] == expected[: r.k]
+    assert r.main["output_ids"] != expected
+
+
+def test_bad_relay_params_fail_the_request_not_the_server(pdd, reference_server, prompts):
+    body = greedy_body(prompts.ids(30, seed=80), 4)
+    body["sampling_params"]["custom_params"] = {"pdd": {"v": 99, "relay_room": 1, "relay": "tcp://127.0.0.1:1"}}
+    status, out = http_json(pdd.main + "/generate", {**body, "bootstrap_host": "127.0.0.1",
+                                                     "bootstrap_port": pdd.bootstrap_port, "bootstrap_room": 5})
+    assert status >= 400 and "unsupported protocol version 99" in str(out)
+    check(pdd, reference_server, prompts.ids(50, seed=81), n=16, relay_delay_s=0.3)
+
+
+def test_pools_return_to_idle_on_relay_and_main(pdd):
+    for url in (pdd.relay, pdd.main):
+        deadline = time.monotonic() + 60
+        while True:
+            pool = {dict(k)["state"]: v for k, v in metric(url, "sglang_pdd_kv_pool_tokens").items()}
+            rows = {dict(k)["state"]: v for k, v in metric(url, "sglang_pdd_req_rows").items()}
+            held = sum(metric(url, "sglang_pdd_handoff_held_requests").values())
+            idle = (pool and pool["available"] + pool["evictable"] == pool["total"] and pool["protected"] == 0
+                    and rows["free"] == IDLE_ROWS[url] and held == 0)
+            if idle or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert idle, (url, pool, rows, held)
+
+
+def wait_for_metric(url: str, name: str, state: str, timeout_s: float = 30.0) -> float:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = {dict(k).get("state"): v for k, v in metric(url, name).items()}
+        if state in got:
+            return got[state]
+        time.sleep(0.5)
+    raise AssertionError(f"{url} never published {name}")
+
+
+def metric(url: str, name: str) -> dict:
+    status, text = http_json(url + "/metrics")
+    assert status == 200
+    return parse_exposition(text, name)
 
 
 def test_relay_finishing_first_tells_main_which_lets_go(pdd, reference_server, prompts):
