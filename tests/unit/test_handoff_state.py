@@ -1,0 +1,234 @@
+"""The RLD and MD handoff state machines, driven through a fake channel and a fake clock."""
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from sglang_pdd.main.handoff import ADMITTED, READY, WAITING_TOKENS, MainHandoff
+from sglang_pdd.protocol.messages import Finished, Ready, Reject, Tokens, Watch
+from sglang_pdd.protocol.request import RequestParams
+from sglang_pdd.relay.handoff import RelayHandoff
+
+RELAY = "tcp://rld:1"
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+class FakeChannel:
+    def __init__(self):
+        self.inbox: list = []  # (peer, msg) to deliver on the next poll
+        self.sent: list = []
+
+    def poll(self):
+        out, self.inbox = self.inbox, []
+        return out
+
+    def send(self, peer, msg):
+        self.sent.append((peer, msg))
+        return True
+
+
+@dataclass
+class FakeReason:
+    type: str
+
+    def to_json(self):
+        return {"type": self.type}
+
+
+@dataclass
+class FakeReq:
+    rid: str
+    bootstrap_room: int
+    output_ids: list = field(default_factory=list)
+    finished_reason: object = None
+
+    def finished(self):
+        return self.finished_reason is not None
+
+
+class FakeOps:
+    def __init__(self, decoding=()):
+        self.decoding = set(decoding)
+        self.handed: list = []
+
+    def is_decoding(self, req):
+        return req.rid in self.decoding
+
+    def output_logprobs(self, req, k):
+        return None
+
+    def finish_with_handoff(self, req, k):
+        self.handed.append((req.rid, k))
+        req.finished_reason = FakeReason("pdd_handoff")
+
+
+# -- RelayDecode -----------------------------------------------------------------------------
+
+def relay(timeout=5.0):
+    ch, clock = FakeChannel(), Clock()
+    return RelayHandoff(ch, timeout_s=timeout, now=clock), ch, clock
+
+
+def test_relay_hands_over_exactly_the_tokens_it_produced_once_decoding():
+    h, ch, _ = relay()
+    req = FakeReq("a", 7, output_ids=[5, 6, 7])
+    h.track(req)
+    ch.inbox = [(b"md", Ready(room=7))]
+    ops = FakeOps()
+    h.poll(ops)
+    assert ch.sent == [] and ops.handed == []  # not decoding yet: the Ready waits
+    ops.decoding.add("a")
+    h.poll(ops)
+    assert ops.handed == [("a", 3)]
+    assert ch.sent == [(b"md", Tokens(room=7, start=0, ids=[5, 6, 7], final=True))]
+    assert h.rooms == {}
+
+
+def test_relay_that_finishes_first_tells_the_watching_main():
+    h, ch, _ = relay()
+    req = FakeReq("a", 7, output_ids=[1, 2])
+    h.track(req)
+    ch.inbox = [(b"md", Watch(room=7))]
+    h.poll(FakeOps(decoding=["a"]))
+    assert ch.sent == []
+    req.finished_reason = FakeReason("length")
+    h.poll(FakeOps())
+    assert ch.sent == [(b"md", Finished(room=7, reason="length", n_tokens=2))]
+
+
+def test_ready_for_a_finished_request_gets_finished_not_tokens():
+    h, ch, _ = relay()
+    req = FakeReq("a", 7, output_ids=[1], finished_reason=FakeReason("stop"))
+    h.track(req)
+    ch.inbox = [(b"md", Ready(room=7))]
+    ops = FakeOps(decoding=["a"])
+    h.poll(ops)
+    assert ops.handed == [] and ch.sent == [(b"md", Finished(room=7, reason="stop", n_tokens=1))]
+
+
+def test_unknown_room_is_rejected_after_the_timeout_and_forgotten():
+    h, ch, clock = relay(timeout=5)
+    ch.inbox = [(b"md", Ready(room=9))]
+    h.poll(FakeOps())
+    assert ch.sent == []
+    clock.t = 6
+    h.poll(FakeOps())
+    assert ch.sent == [(b"md", Reject(room=9, reason="unknown room"))]
+    assert h.rooms == {}
+
+
+def test_relay_rejects_messages_only_main_may_receive():
+    h, ch, _ = relay()
+    ch.inbox = [(b"x", Tokens(room=1, ids=[1]))]
+    h.poll(FakeOps())
+    assert isinstance(ch.sent[0][1], Reject) and h.stats.rejected == 1
+
+
+def test_finished_request_nobody_watches_is_forgotten_after_the_timeout():
+    h, ch, clock = relay(timeout=5)
+    h.track(FakeReq("a", 7, output_ids=[1], finished_reason=FakeReason("length")))
+    h.poll(FakeOps())
+    assert 7 in h.rooms
+    clock.t = 6
+    h.poll(FakeOps())
+    assert h.rooms == {} and ch.sent == []
+
+
+# -- MainDecode ------------------------------------------------------------------------------
+
+def main(timeout=5.0):
+    ch, clock = FakeChannel(), Clock()
+    return MainHandoff(ch, timeout_s=timeout, now=clock), ch, clock
+
+
+def admitted(h, rid="m", room=7):
+    req = FakeReq(rid, 1000 + room, output_ids=[5])
+    h.admit(req, RequestParams(v=1, relay_room=room, relay=RELAY))
+    return req
+
+
+def test_main_watches_at_admission_asks_when_kv_lands_and_extends_on_tokens():
+    h, ch, _ = main()
+    req = admitted(h)
+    assert ch.sent == [(RELAY, Watch(room=7))] and h.held() == []
+    h.kv_arrived(req)
+    assert ch.sent[-1] == (RELAY, Ready(room=7)) and h.held() == [req]
+    ch.inbox = [(RELAY, Tokens(room=7, ids=[5, 6, 7]))]
+    assert h.poll() == []
+    (p,) = h.take_ready(max_reqs=8, slot_budget=100)
+    assert p.req is req and p.tokens == [5, 6, 7]
+    assert h.held() == [] and not h.is_relayed(req)
+
+
+def test_relay_finished_before_the_kv_landed_aborts_through_sglang_queues():
+    h, ch, _ = main()
+    req = admitted(h)
+    ch.inbox = [(RELAY, Finished(room=7, reason="length", n_tokens=4))]
+    (a,) = h.poll()
+    assert a.req is req and not a.held and a.relay_finished and "length" in a.message
+
+
+@pytest.mark.parametrize("reply, match", [
+    (Reject(room=7, reason="unknown room"), "rejected the handoff: unknown room"),
+    (Tokens(room=7, start=3, ids=[1], final=True), "one-shot handoff expects all from 0"),
+    (Tokens(room=7, start=0, ids=[1], final=False), "one-shot handoff expects all from 0"),
+])
+def test_bad_replies_fail_the_held_request(reply, match):
+    h, ch, _ = main()
+    req = admitted(h)
+    h.kv_arrived(req)
+    ch.inbox = [(RELAY, reply)]
+    (a,) = h.poll()
+    assert a.held and not a.relay_finished and match in a.message
+    assert h.stats.failed == 1 and h.pending == {}
+
+
+def test_no_tokens_within_the_timeout_fails_the_request():
+    h, ch, clock = main(timeout=5)
+    req = admitted(h)
+    h.kv_arrived(req)
+    clock.t = 4
+    assert h.poll() == []
+    clock.t = 6
+    (a,) = h.poll()
+    assert a.req is req and "within 5s" in a.message
+
+
+def test_messages_for_unknown_rooms_or_other_relays_are_counted_and_ignored():
+    h, ch, _ = main()
+    admitted(h)
+    ch.inbox = [(RELAY, Tokens(room=99, ids=[1])), ("tcp://other:1", Tokens(room=7, ids=[1]))]
+    assert h.poll() == [] and h.stats.unknown_messages == 2
+    assert h.pending[(RELAY, 7)].state == ADMITTED
+
+
+def test_take_ready_respects_rows_slots_and_solo_requests():
+    h, ch, _ = main()
+    reqs = [admitted(h, rid=f"r{i}", room=i) for i in range(4)]
+    for r in reqs:
+        h.kv_arrived(r)
+    ch.inbox = [(RELAY, Tokens(room=i, ids=[1] * (i + 1))) for i in range(4)]
+    h.poll()
+    assert [p.req.rid for p in h.take_ready(max_reqs=2, slot_budget=100)] == ["r0", "r1"]
+    assert h.take_ready(max_reqs=8, slot_budget=2) == []  # r2 needs 3 slots: it waits
+    solo = {"r2"}
+    got = h.take_ready(max_reqs=8, slot_budget=100, solo=lambda req: req.rid in solo)
+    assert [p.req.rid for p in got] == ["r2"]
+    assert [p.req.rid for p in h.take_ready(max_reqs=8, slot_budget=100)] == ["r3"]
+    assert h.stats.handoffs == 4 and h.stats.extend_sizes == [2, 1, 1]
+
+
+def test_drop_forgets_and_returns_held_requests_only():
+    h, _, _ = main()
+    a, b = admitted(h, "a", 1), admitted(h, "b", 2)
+    h.kv_arrived(b)
+    assert h.drop("a") is None and h.drop("b") is b and h.pending == {}
+    assert h.pending.get((RELAY, 2)) is None
+    assert WAITING_TOKENS and READY  # states exported for the runtime
