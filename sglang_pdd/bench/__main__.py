@@ -1,0 +1,80 @@
+"""The agentic benchmark on the two-datacenter testbed.
+
+    python -m sglang_pdd.bench --systems same-dc,cross-dc,cross-dc-drc --preset smoke [--out DIR]
+
+Builds the tiny model (cached), brings up the emulated WAN, then for each system starts its servers,
+replays the same trace (same seed), stops them. Writes report.json, report.md,
+calibration-<system>.json, trace.jsonl and the plots into --out (default runs/bench-<preset>-<time>).
+Needs root (network namespaces). See docs/bench.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+
+from sglang_pdd.bench.presets import PRESETS, get_preset
+from sglang_pdd.bench.systems import parse_systems, system_names
+
+logger = logging.getLogger(__name__)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sglang_pdd.bench", description=__doc__.split("\n")[0])
+    ap.add_argument("--systems", default="same-dc,cross-dc,cross-dc-drc",
+                    help=f"comma-separated, from: {', '.join(system_names())}")
+    ap.add_argument("--preset", default="smoke", choices=sorted(PRESETS))
+    ap.add_argument("--out", default=None, help="output directory")
+    ap.add_argument("--artifacts", default=os.environ.get("SGLANG_PDD_ARTIFACTS", ".artifacts"),
+                    help="model cache root (models/ below it)")
+    ap.add_argument("--prefix", default=f"pb{os.getpid() % 100000}", help="testbed namespace prefix")
+    ap.add_argument("--export-trace", metavar="TRACE.jsonl", help="write the preset's trace and exit")
+    ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    preset = get_preset(args.preset)
+    try:
+        systems = parse_systems(args.systems)
+    except ValueError as e:
+        ap.error(str(e))
+    if args.export_trace:
+        from sglang_pdd.bench.workload import write_jsonl
+
+        reqs = preset.requests()
+        write_jsonl(reqs, args.export_trace)
+        print(f"wrote {len(reqs)} requests to {args.export_trace}")
+        return 0
+    from sglang_pdd.netns import netns_supported
+
+    ok, why = netns_supported()
+    if not ok:
+        print(f"bench: {why} (servers run in the testbed's network namespaces)", file=sys.stderr)
+        return 2
+    from sglang_pdd.bench.report import text_table, write_reports
+    from sglang_pdd.bench.runner import run_bench
+
+    out = args.out or os.path.join("runs", f"bench-{preset.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    run = run_bench(systems, preset, out, args.artifacts, args.prefix, show_progress=not args.no_progress)
+    paths = write_reports(run, out)
+    if not args.no_plots:
+        from sglang_pdd.bench.plots import write_plots
+
+        paths.update(write_plots(run, out))
+    print()
+    print(text_table([s.summary for s in run.systems if s.summary]))
+    for s in run.systems:
+        if s.error:
+            print(f"{s.name} FAILED: {s.error} (logs: {s.log_dir})")
+    names = ", ".join(sorted(os.path.basename(p) for p in paths.values()))
+    print(f"\nruntime {run.runtime_s:.0f} s; outputs in {out}: {names}")
+    return 1 if any(s.error for s in run.systems) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""Benchmark presets: workload, trace size, WAN link and SLA, sized for the CPU testbed.
+
+Scale (issue 3 item 5): the tiny Llama has 16 KiB of KV per token (`TinyModelSpec()`), prompts are
+1500-2000 tokens on a session's first turn and grow turn by turn, and the WAN is 100 Mbit/s with
+20 ms one way (RECIPES' setting). A whole 2000-token prompt is then ~32 MiB of KV, ~2.9 s on the
+wire: a full transfer takes seconds, as in the paper, while a 90 %-hit turn moves ~0.3 s worth.
+
+* `smoke`: 4 sessions x up to 4 turns, 32 output tokens; three systems in under ~10 minutes.
+* `paper`: 8 sessions x up to 6 turns, 64 output tokens, the default hit histogram with its
+  odd-traffic share; ~3x longer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from sglang_pdd.bench.distributions import HitHistogram, LengthRange
+from sglang_pdd.bench.workload import WorkloadConfig, WorkloadRequest, generate
+
+
+@dataclass(frozen=True)
+class Link:
+    delay_ms: float = 20.0  # one way
+    rate_mbit: float | None = 100.0
+    jitter_ms: float = 0.0
+    loss_pct: float = 0.0
+
+
+@dataclass(frozen=True)
+class Sla:
+    ttft_s: float = 2.0
+    tpot_s: float = 0.1
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    workload: WorkloadConfig
+    max_sessions: int
+    max_turns: int
+    link: Link = field(default_factory=Link)
+    sla: Sla = field(default_factory=Sla)
+    request_timeout_s: float = 300.0
+
+    def requests(self) -> list[WorkloadRequest]:
+        """The trace this preset replays (warm-ups included), see `select`."""
+        return select(generate(self.workload), self.max_sessions, self.max_turns)
+
+
+def select(reqs: list[WorkloadRequest], max_sessions: int, max_turns: int) -> list[WorkloadRequest]:
+    """The first `max_sessions` sessions (by their first measured turn) with at most `max_turns`
+    measured turns each, plus their warm-ups; arrivals shifted so the first measured turn is at 0.
+
+    Dropping a session's *last* turns keeps every kept prompt intact (a turn only refers back)."""
+    first: dict[int, float] = {}
+    for r in reqs:
+        if not r.warmup:
+            first.setdefault(r.session_id, r.arrival_s)
+    keep = set(sorted(first, key=lambda s: (first[s], s))[:max_sessions])
+    out, turns = [], {s: 0 for s in keep}
+    for r in reqs:
+        if r.session_id not in keep:
+            continue
+        if not r.warmup:
+            if turns[r.session_id] >= max_turns:
+                continue
+            turns[r.session_id] += 1
+        out.append(r)
+    t0 = min((first[s] for s in keep), default=0.0)
+    return [replace(r, arrival_s=round(r.arrival_s - t0, 6)) for r in out]
+
+
+def _cpu_workload(**kw) -> WorkloadConfig:
+    base = dict(
+        request_rate=1.0, duration_s=60.0, input_len=LengthRange(1500, 2000), max_input_len=3000,
+        output_len=LengthRange(32, 32), odd_fraction=0.0, system_prompt_len=256, agent_types=2,
+        mean_turns=6.0, think_time_s=1.0, nominal_tpot_s=0.02, vocab_size=2048, seed=8,
+        hit_histogram=HitHistogram.default())
+    base.update(kw)
+    return WorkloadConfig.cpu_bench(**base)
+
+
+PRESETS: dict[str, Preset] = {
+    "smoke": Preset("smoke", _cpu_workload(), max_sessions=4, max_turns=4),
+    "paper": Preset("paper", _cpu_workload(request_rate=1.0, duration_s=120.0, output_len=LengthRange(64, 64),
+                                           odd_fraction=0.035, odd_output_len=LengthRange(8, 32),
+                                           mean_turns=8.0),
+                    max_sessions=8, max_turns=6),
+}
+
+
+def get_preset(name: str) -> Preset:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}") from None

@@ -1,0 +1,115 @@
+"""One benchmark run: build the model, bring the testbed up, and for each system in turn start its
+servers, warm up, replay the same trace, read the WAN and KV byte counters, stop.
+
+WAN bytes of a system = the testbed's link counters (both directions, on the wire) over the
+measured window only; KV bytes = the delta of P's `sglang_pdd_transfer_bytes_total{kind="kv"}`
+over the same window (what Mooncake moved, whichever link it took).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+
+from sglang_pdd.bench.metrics import RequestRecord, Summary, WanBytes, summarize
+from sglang_pdd.bench.presets import Preset
+from sglang_pdd.bench.replay import progress_bar, replay, warm_up
+from sglang_pdd.bench.systems import Deployment, make_system
+from sglang_pdd.bench.workload import WorkloadRequest, measured, write_jsonl
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SystemRun:
+    name: str
+    sim_name: str
+    description: str
+    summary: Summary | None
+    records: list[RequestRecord] = field(default_factory=list)
+    wan: WanBytes = field(default_factory=WanBytes)
+    startup_s: float = 0.0
+    warmup_failed: int = 0
+    error: str = ""
+    log_dir: str = ""
+
+
+@dataclass
+class BenchRun:
+    preset: Preset
+    trace_path: str
+    model_dir: str
+    model_info: dict
+    systems: list[SystemRun]
+    runtime_s: float
+    testbed: dict = field(default_factory=dict)
+
+
+def model_info(model_dir: str) -> dict:
+    with open(os.path.join(model_dir, "sglang_pdd_tiny_model.json")) as f:
+        return json.load(f)
+
+
+def _delta(after: dict[str, int], before: dict[str, int]) -> tuple[int, int]:
+    return after["A->B"] - before["A->B"], after["B->A"] - before["B->A"]
+
+
+def run_system(name: str, tb, model_dir: str, reqs: list[WorkloadRequest], preset: Preset,
+               vocab_size: int, log_root: str, show_progress: bool = True) -> SystemRun:
+    system = make_system(name)
+    log_dir = os.path.join(log_root, name)
+    run = SystemRun(name, system.sim_name, system.description, None, log_dir=log_dir)
+    client_ns = tb.ns(system.client_side)
+    t0 = time.monotonic()
+    try:
+        system.start(Deployment(tb, model_dir, log_dir))
+        run.startup_s = time.monotonic() - t0
+        logger.info("%s: servers up in %.1f s; %d warm-ups", name, run.startup_s,
+                    sum(r.warmup for r in reqs))
+        run.warmup_failed = client_ns.call(warm_up, system.send, reqs, vocab_size, preset.request_timeout_s)
+        kv0 = client_ns.call(system.kv_bytes_sent)
+        link0 = tb.link_bytes()
+        bar = progress_bar(len(measured(reqs)), name, show_progress)
+        run.records = client_ns.call(replay, system.send, reqs, vocab_size, preset.request_timeout_s, bar)
+        link1 = tb.link_bytes()
+        kv1 = client_ns.call(system.kv_bytes_sent)
+        a2b, b2a = _delta(link1, link0)
+        run.wan = WanBytes(a2b, b2a, kv1 - kv0 if kv0 is not None and kv1 is not None else None)
+        run.summary = summarize(name, run.records, preset.sla, run.wan)
+    except Exception as e:  # one system failing must not lose the others' results
+        logger.exception("%s failed", name)
+        run.error = f"{type(e).__name__}: {e}"
+    finally:
+        system.stop()
+    return run
+
+
+def run_bench(systems: list[str], preset: Preset, out_dir: str, artifacts: str, prefix: str,
+              show_progress: bool = True) -> BenchRun:
+    from sglang_pdd.testbed import Testbed
+    from sglang_pdd.testing.tiny_model import TinyModelSpec, build_cached
+
+    t0 = time.monotonic()
+    os.makedirs(out_dir, exist_ok=True)
+    model_dir = build_cached(os.path.join(artifacts, "models"), TinyModelSpec())
+    info = model_info(model_dir)
+    vocab = int(info["vocab_size"])
+    if vocab < preset.workload.vocab_size:
+        raise ValueError(f"workload vocabulary {preset.workload.vocab_size} exceeds the model's {vocab}")
+    reqs = preset.requests()
+    trace_path = os.path.join(out_dir, "trace.jsonl")
+    write_jsonl(reqs, trace_path)
+    logger.info("trace: %d requests (%d measured) -> %s", len(reqs), len(measured(reqs)), trace_path)
+    link = preset.link
+    runs = []
+    with Testbed(prefix, delay_ms=link.delay_ms, jitter_ms=link.jitter_ms, rate_mbit=link.rate_mbit,
+                 loss_pct=link.loss_pct) as tb:
+        tb_info = {"prefix": prefix, "A": tb.addr("A"), "B": tb.addr("B"), "backend": tb.backend,
+                   **asdict(link)}
+        for name in systems:
+            runs.append(run_system(name, tb, model_dir, reqs, preset, preset.workload.vocab_size,
+                                   os.path.join(out_dir, "logs"), show_progress))
+    return BenchRun(preset, trace_path, model_dir, info, runs, time.monotonic() - t0, tb_info)

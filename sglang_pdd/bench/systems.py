@@ -1,0 +1,212 @@
+"""The compared deployments: one `System` interface, registered by name.
+
+A system starts its servers on a `Testbed` (every server inside cluster A's or B's namespace, with
+`--host` and `SGLANG_HOST_IP` its own namespace address), answers streamed requests sent from
+cluster A, reports the KV bytes its prefill moved, and stops. The baselines are upstream sglang PD
+behind the upstream router (`sglang_router --pd-disaggregation --mini-lb`) in cluster A:
+
+* `same-dc`: prefill and decode both in cluster A (the lower bound);
+* `cross-dc`: decode in cluster B, no decode radix cache (every turn ships its whole prompt's KV);
+* `cross-dc-drc`: decode in cluster B with `--disaggregation-decode-enable-radix-cache`.
+
+New systems (the PDD pipeline) join with `@register("name")` on a `System` subclass.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Callable, ClassVar
+
+from sglang_pdd.bench.client import StreamResult, stream
+from sglang_pdd.metrics import parse_exposition
+from sglang_pdd.netns import NetNS
+from sglang_pdd.testing.launch_args import RouterConfig, ServerConfig
+from sglang_pdd.testing.servers import Launchable, ServerGroup, ServerProcess, http_json
+
+logger = logging.getLogger(__name__)
+
+PREFILL_PORT, DECODE_PORT, ROUTER_PORT, BOOTSTRAP_PORT = 30100, 30200, 30300, 8998
+KV_METRIC = "sglang_pdd_transfer_bytes_total"
+
+
+@dataclass
+class Deployment:
+    """What a system needs to start: the testbed, the model directory, where logs go."""
+
+    testbed: object  # sglang_pdd.testbed.Testbed (duck-typed: ns(side), addr(side))
+    model: str
+    log_dir: str
+
+
+@dataclass
+class InNamespace:
+    """A server command line run inside a namespace (`ip netns exec`)."""
+
+    inner: Launchable
+    ns: NetNS
+
+    @property
+    def url(self) -> str:
+        return self.inner.url
+
+    def argv(self) -> list[str]:
+        return self.ns.argv(self.inner.argv())
+
+    def environ(self) -> dict[str, str]:
+        return self.inner.environ()
+
+
+def kv_bytes_sent(metrics_text: str) -> int:
+    """KV bytes P's transfer engine moved, summed over peers, from a /metrics exposition."""
+    samples = parse_exposition(metrics_text, KV_METRIC)
+    return int(sum(v for labels, v in samples.items() if dict(labels).get("kind") == "kv"))
+
+
+class System(ABC):
+    """One deployment under test. `client_side` is the cluster the client runs in."""
+
+    name: ClassVar[str] = ""
+    sim_name: ClassVar[str] = ""  # the simulator's name for it (sim.systems.SYSTEM_NAMES)
+    description: ClassVar[str] = ""
+    client_side: ClassVar[str] = "A"
+
+    @abstractmethod
+    def start(self, dep: Deployment) -> None: ...
+
+    @abstractmethod
+    def stop(self) -> None: ...
+
+    @property
+    @abstractmethod
+    def url(self) -> str:
+        """Where the client sends `/generate` (an address in `client_side`)."""
+
+    def send(self, body: dict, timeout_s: float) -> StreamResult:
+        """One streamed request (called from a thread inside `client_side`)."""
+        return stream(self.url, body, timeout_s)
+
+    def kv_bytes_sent(self) -> int | None:
+        """Cumulative KV bytes the prefill side moved (called inside `client_side`); None if unknown."""
+        return None
+
+    def servers(self) -> list[ServerProcess]:
+        return []
+
+
+_REGISTRY: dict[str, Callable[[], System]] = {}
+
+
+def register(name: str) -> Callable[[Callable[[], System]], Callable[[], System]]:
+    def deco(factory: Callable[[], System]) -> Callable[[], System]:
+        if name in _REGISTRY:
+            raise ValueError(f"system {name!r} is already registered")
+        _REGISTRY[name] = factory
+        return factory
+    return deco
+
+
+def system_names() -> list[str]:
+    return list(_REGISTRY)
+
+
+def make_system(name: str) -> System:
+    try:
+        return _REGISTRY[name]()
+    except KeyError:
+        raise ValueError(f"unknown system {name!r}; known: {', '.join(_REGISTRY)}") from None
+
+
+def parse_systems(spec: str) -> list[str]:
+    """'a,b,c' -> names, each checked against the registry, order kept, duplicates refused."""
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    if not names:
+        raise ValueError("no systems given")
+    if len(set(names)) != len(names):
+        raise ValueError(f"a system is listed twice: {spec!r}")
+    for n in names:
+        if n not in _REGISTRY:
+            raise ValueError(f"unknown system {n!r}; known: {', '.join(_REGISTRY)}")
+    return names
+
+
+class UpstreamPD(System):
+    """Upstream sglang PD: prefill and the router in A, decode in `decode_side`."""
+
+    decode_side: ClassVar[str] = "A"
+    decode_radix_cache: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        self._group: ServerGroup | None = None
+        self._prefill: ServerProcess | None = None
+        self._router: ServerProcess | None = None
+        self._tb = None
+
+    def start(self, dep: Deployment) -> None:
+        tb = self._tb = dep.testbed
+        a_ns, d_ns = tb.ns("A"), tb.ns(self.decode_side)
+        a_host, d_host = tb.addr("A"), tb.addr(self.decode_side)
+        g = self._group = ServerGroup(dep.log_dir)
+        p = self._prefill = g.start("prefill", InNamespace(ServerConfig(
+            model=dep.model, port=PREFILL_PORT, host=a_host, nccl_port=PREFILL_PORT + 1000, mode="prefill",
+            bootstrap_port=BOOTSTRAP_PORT), a_ns))
+        d = g.start("decode", InNamespace(ServerConfig(
+            model=dep.model, port=DECODE_PORT, host=d_host, nccl_port=DECODE_PORT + 1000, mode="decode",
+            bootstrap_port=BOOTSTRAP_PORT, decode_radix_cache=self.decode_radix_cache), d_ns))
+        a_ns.call(p.wait_ready)
+        d_ns.call(d.wait_ready)
+        self._router = g.start("router", InNamespace(RouterConfig(
+            prefill=[(p.url, BOOTSTRAP_PORT)], decode=[d.url], port=ROUTER_PORT, host=a_host), a_ns))
+        a_ns.call(self._router.wait_ready)
+        logger.info("%s up: prefill %s, decode %s (%s), router %s", self.name, p.url, d.url,
+                    self.decode_side, self._router.url)
+
+    def stop(self) -> None:
+        if self._group is not None:
+            self._group.stop()
+            self._group = None
+
+    @property
+    def url(self) -> str:
+        if self._router is None:
+            raise RuntimeError(f"{self.name} is not started")
+        return self._router.url
+
+    def kv_bytes_sent(self) -> int | None:
+        if self._prefill is None:
+            return None
+        try:
+            status, text = http_json(self._prefill.url + "/metrics", timeout=10)
+        except OSError as e:
+            logger.warning("%s: /metrics unreadable: %s", self.name, e)
+            return None
+        return kv_bytes_sent(text) if status == 200 and isinstance(text, str) else None
+
+    def servers(self) -> list[ServerProcess]:
+        return list(self._group.servers) if self._group else []
+
+
+@register("same-dc")
+class SameDC(UpstreamPD):
+    name = "same-dc"
+    sim_name = "same-dc-pd"
+    description = "upstream PD, prefill and decode in cluster A (lower bound)"
+    decode_side = "A"
+
+
+@register("cross-dc")
+class CrossDC(UpstreamPD):
+    name = "cross-dc"
+    sim_name = "xdc-pd-naive"
+    description = "upstream PD, decode in cluster B, no decode radix cache"
+    decode_side = "B"
+
+
+@register("cross-dc-drc")
+class CrossDCDrc(UpstreamPD):
+    name = "cross-dc-drc"
+    sim_name = "xdc-pd-drc"
+    description = "upstream PD, decode in cluster B with the decode radix cache"
+    decode_side = "B"
+    decode_radix_cache = True

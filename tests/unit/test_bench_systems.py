@@ -1,0 +1,80 @@
+"""Contract of the benchmark's system registry and launch wrapping (no servers started)."""
+
+import pytest
+
+from sglang_pdd.bench import systems as S
+from sglang_pdd.netns import NetNS
+from sglang_pdd.sim.systems import SYSTEM_NAMES
+from sglang_pdd.testing.launch_args import ServerConfig
+
+
+def test_baselines_are_registered_with_simulator_names():
+    names = S.system_names()
+    assert names[:3] == ["same-dc", "cross-dc", "cross-dc-drc"]
+    for n in ("same-dc", "cross-dc", "cross-dc-drc"):
+        sys_ = S.make_system(n)
+        assert sys_.name == n and sys_.sim_name in SYSTEM_NAMES and sys_.client_side == "A"
+
+
+def test_baselines_differ_where_they_should():
+    same, xdc, drc = (S.make_system(n) for n in ("same-dc", "cross-dc", "cross-dc-drc"))
+    assert (same.decode_side, xdc.decode_side, drc.decode_side) == ("A", "B", "B")
+    assert (same.decode_radix_cache, xdc.decode_radix_cache, drc.decode_radix_cache) == (False, False, True)
+
+
+def test_parse_systems_keeps_order_and_rejects_unknown_or_duplicates():
+    assert S.parse_systems("cross-dc-drc, same-dc") == ["cross-dc-drc", "same-dc"]
+    with pytest.raises(ValueError, match="unknown system"):
+        S.parse_systems("same-dc,nope")
+    with pytest.raises(ValueError, match="twice"):
+        S.parse_systems("same-dc,same-dc")
+    with pytest.raises(ValueError):
+        S.parse_systems(" , ")
+
+
+def test_a_new_system_joins_by_name_and_names_are_unique():
+    name = "test-only-system"
+
+    @S.register(name)
+    class Dummy(S.System):
+        def start(self, dep):
+            pass
+
+        def stop(self):
+            pass
+
+        @property
+        def url(self):
+            return "http://x"
+
+    try:
+        assert name in S.system_names() and isinstance(S.make_system(name), Dummy)
+        with pytest.raises(ValueError, match="already registered"):
+            S.register(name)(Dummy)
+    finally:
+        S._REGISTRY.pop(name)
+    with pytest.raises(ValueError, match="unknown system"):
+        S.make_system(name)
+
+
+def test_servers_run_inside_their_namespace_with_their_own_address():
+    cfg = ServerConfig(model="m", port=30200, host="10.77.0.2", mode="decode", decode_radix_cache=True)
+    wrapped = S.InNamespace(cfg, NetNS("benchB"))
+    argv = wrapped.argv()
+    assert argv[:4] == ["ip", "netns", "exec", "benchB"] and argv[4:] == cfg.argv()
+    assert "--disaggregation-decode-enable-radix-cache" in argv
+    assert argv[argv.index("--host") + 1] == "10.77.0.2"
+    assert wrapped.environ()["SGLANG_HOST_IP"] == "10.77.0.2"
+    assert wrapped.url == "http://10.77.0.2:30200"
+
+
+def test_kv_bytes_are_summed_over_peers_and_exclude_aux():
+    text = "\n".join([
+        "# HELP sglang_pdd_transfer_bytes_total Bytes moved",
+        'sglang_pdd_transfer_bytes_total{kind="kv",peer="10.77.0.2:1"} 1000.0',
+        'sglang_pdd_transfer_bytes_total{kind="kv",peer="10.77.0.2:2"} 24.0',
+        'sglang_pdd_transfer_bytes_total{kind="aux",peer="10.77.0.2:1"} 99.0',
+        'sglang_pdd_transfer_batches_total{kind="kv"} 7.0',
+    ])
+    assert S.kv_bytes_sent(text) == 1024
+    assert S.kv_bytes_sent("") == 0
