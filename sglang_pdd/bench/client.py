@@ -27,6 +27,7 @@ class StreamResult:
     cached_tokens: int = 0
     output_ids: list[int] = field(default_factory=list)
     error: str = ""
+    finish_reason: dict = field(default_factory=dict)  # meta_info.finish_reason of the last chunk
 
     @property
     def tpot_s(self) -> float | None:
@@ -93,4 +94,5 @@ def stream(url: str, body: dict, timeout_s: float = 300.0) -> StreamResult:
     return StreamResult(True, ttft_s=ttft if ttft is not None else e2e, e2e_s=e2e,
                         prompt_tokens=int(meta.get("prompt_tokens", 0)),
                         output_tokens=int(meta.get("completion_tokens", len(ids))),
-                        cached_tokens=int(meta.get("cached_tokens", 0)), output_ids=ids)
+                        cached_tokens=int(meta.get("cached_tokens", 0)), output_ids=ids,
+                        finish_reason=dict(meta.get("finish_reason") or {}))

@@ -9,11 +9,13 @@ behind the upstream router (`sglang_router --pd-disaggregation --mini-lb`) in cl
 * `cross-dc`: decode in cluster B, no decode radix cache (every turn ships its whole prompt's KV);
 * `cross-dc-drc`: decode in cluster B with `--disaggregation-decode-enable-radix-cache`.
 
-New systems (the PDD pipeline) join with `@register("name")` on a `System` subclass.
+New systems join with `@register("name")` on a `System` subclass, in a module listed in
+`EXTRA_SYSTEM_MODULES`: `pdd` (bench/pdd_system.py) is the PDD pipeline driven by hand.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -96,6 +98,17 @@ class System(ABC):
 
 
 _REGISTRY: dict[str, Callable[[], System]] = {}
+# Modules that register more systems, imported on first use of the registry (no import cycle).
+EXTRA_SYSTEM_MODULES = ("sglang_pdd.bench.pdd_system",)
+_loaded = False
+
+
+def _load_extra() -> None:
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        for mod in EXTRA_SYSTEM_MODULES:
+            importlib.import_module(mod)
 
 
 def register(name: str) -> Callable[[Callable[[], System]], Callable[[], System]]:
@@ -108,10 +121,12 @@ def register(name: str) -> Callable[[Callable[[], System]], Callable[[], System]
 
 
 def system_names() -> list[str]:
+    _load_extra()
     return list(_REGISTRY)
 
 
 def make_system(name: str) -> System:
+    _load_extra()
     try:
         return _REGISTRY[name]()
     except KeyError:
@@ -120,6 +135,7 @@ def make_system(name: str) -> System:
 
 def parse_systems(spec: str) -> list[str]:
     """'a,b,c' -> names, each checked against the registry, order kept, duplicates refused."""
+    _load_extra()
     names = [s.strip() for s in spec.split(",") if s.strip()]
     if not names:
         raise ValueError("no systems given")

@@ -78,3 +78,20 @@ def test_kv_bytes_are_summed_over_peers_and_exclude_aux():
     ])
     assert S.kv_bytes_sent(text) == 1024
     assert S.kv_bytes_sent("") == 0
+
+
+def test_pdd_joins_the_registry_marked_as_hand_driven():
+    pdd = S.make_system("pdd")
+    assert pdd.sim_name in SYSTEM_NAMES and "hand-driven" in pdd.description
+    assert S.parse_systems("same-dc,pdd") == ["same-dc", "pdd"]
+
+
+def test_pdd_request_params_ride_in_custom_params_without_touching_the_body():
+    from sglang_pdd.bench.pdd_system import with_params
+    from sglang_pdd.protocol.request import RequestParams, parse
+
+    body = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 4, "custom_params": {"x": 1}}}
+    out = with_params(body, RequestParams(v=1, relay_room=7, relay="tcp://10.77.0.1:18500"))
+    assert body["sampling_params"] == {"max_new_tokens": 4, "custom_params": {"x": 1}}
+    cp = out["sampling_params"]["custom_params"]
+    assert cp["x"] == 1 and parse(cp) == RequestParams(v=1, relay_room=7, relay="tcp://10.77.0.1:18500")
