@@ -100,3 +100,19 @@ def test_main_room_is_read_from_custom_params():
 def test_malformed_pdd_params_are_a_clear_error(params, words):
     with pytest.raises(FanoutParamsError, match=words):
         FanoutBuilder.main_room(req(params))
+
+
+def test_the_mains_metadata_row_is_a_copy_that_names_the_mains_room():
+    torch = pytest.importorskip("torch")
+    from sglang_pdd.transfer.mooncake_fanout import MetadataRows
+
+    bufs = SimpleNamespace(output_ids=torch.arange(64, dtype=torch.int32).reshape(4, 16),
+                           output_hidden_states=torch.rand(4, 8),
+                           bootstrap_room=torch.zeros((4, 8), dtype=torch.int64),
+                           kv_checksum=torch.ones((4, 8), dtype=torch.int64), page_size=16)
+    bufs.bootstrap_room[1, 0] = 77
+    MetadataRows(allocator=None, buffers=bufs).copy_row(1, 3, room=2**62)
+    assert torch.equal(bufs.output_ids[3], bufs.output_ids[1])
+    assert torch.equal(bufs.output_hidden_states[3], bufs.output_hidden_states[1])
+    assert bufs.bootstrap_room[3, 0].item() == 2**62 and bufs.bootstrap_room[1, 0].item() == 77
+    assert bufs.kv_checksum[3].sum().item() == 0 and bufs.kv_checksum[1].sum().item() == 8
