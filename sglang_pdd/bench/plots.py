@@ -28,10 +28,10 @@ def _plt():
 def ttft_cdf(run, path: str) -> None:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 4))
-    for s in run.systems:
+    for k, s in enumerate(run.systems):
         xs = sorted(r.ttft_s for r in s.records if r.ok and r.ttft_s is not None)
         if xs:
-            ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", label=s.name)
+            ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", label=s.name, color=f"C{k}")
     ax.axvline(run.preset.sla.ttft_s, color="grey", ls=":", label="TTFT SLA")
     ax.set_xlabel("TTFT (s)")
     ax.set_ylabel("fraction of requests")
@@ -68,11 +68,13 @@ def hit_rate(run, path: str) -> None:
     bins = [i / 20 for i in range(21)]
     first = next((s for s in run.systems if s.records), None)
     if first is not None:
-        ax.hist([r.hit_rate for r in first.records], bins=bins, alpha=0.6, label="workload (configured)")
-    for s in run.systems:
+        ax.hist([r.hit_rate for r in first.records], bins=bins, alpha=0.4, color="grey",
+                label="workload (configured)")
+    for k, s in enumerate(run.systems):
         shares = [min(r.cached_tokens / r.prompt_tokens, 1.0) for r in s.records if r.ok and r.prompt_tokens]
         if shares:
-            ax.hist(shares, bins=bins, histtype="step", lw=1.5, label=f"{s.name}: cached (reported)")
+            ax.hist(shares, bins=bins, histtype="step", lw=1.5, color=f"C{k}", ls=("-", "--", ":", "-.")[k % 4],
+                    label=f"{s.name}: cached (reported)")
     ax.set_xlabel("prefix hit rate")
     ax.set_ylabel("requests")
     ax.set_title("Per-request prefix hit rate")

@@ -92,7 +92,7 @@ def report_dict(run) -> dict:
         "client": "upstream sglang-router (mini-lb) in cluster A; client threads in cluster A",
         "systems": {s.name: {
             "sim_name": s.sim_name, "description": s.description, "startup_s": s.startup_s,
-            "warmup_failed": s.warmup_failed, "error": s.error,
+            "warmup_failed": s.warmup_failed, "error": s.error, "cpu_s": s.cpu_s,
             "summary": s.summary.to_dict() if s.summary else None,
             "wan": {"a_to_b": s.wan.a_to_b, "b_to_a": s.wan.b_to_a, "kv_sent": s.wan.kv_sent},
             "requests": [r.to_dict() for r in s.records]} for s in run.systems},

@@ -14,6 +14,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 
+from sglang_pdd.bench import cpu
 from sglang_pdd.bench.metrics import RequestRecord, Summary, WanBytes, summarize
 from sglang_pdd.bench.presets import Preset
 from sglang_pdd.bench.replay import progress_bar, replay, warm_up
@@ -35,6 +36,7 @@ class SystemRun:
     warmup_failed: int = 0
     error: str = ""
     log_dir: str = ""
+    cpu_s: dict[str, float] = field(default_factory=dict)  # per server, over the measured window
 
 
 @dataclass
@@ -71,10 +73,12 @@ def run_system(name: str, tb, model_dir: str, reqs: list[WorkloadRequest], prese
                     sum(r.warmup for r in reqs))
         run.warmup_failed = client_ns.call(warm_up, system.send, reqs, vocab_size, preset.request_timeout_s)
         kv0 = client_ns.call(system.kv_bytes_sent)
+        cpu0 = cpu.snapshot(system.servers())
         link0 = tb.link_bytes()
         bar = progress_bar(len(measured(reqs)), name, show_progress)
         run.records = client_ns.call(replay, system.send, reqs, vocab_size, preset.request_timeout_s, bar)
         link1 = tb.link_bytes()
+        run.cpu_s = cpu.delta(cpu.snapshot(system.servers()), cpu0)
         kv1 = client_ns.call(system.kv_bytes_sent)
         a2b, b2a = _delta(link1, link0)
         run.wan = WanBytes(a2b, b2a, kv1 - kv0 if kv0 is not None and kv1 is not None else None)

@@ -68,3 +68,14 @@ def test_calibration_files_are_read_by_the_simulator(bench_run, tmp_path):
     c = calibrate(cal)
     assert c.matched == len(cal["requests"]) and c.measured_only == 0
     assert c.rows[0][2] == "4.000"  # the measured TTFT P50 column
+
+
+def test_plots_are_written_for_every_figure(bench_run, tmp_path):
+    pytest.importorskip("matplotlib")
+    from sglang_pdd.bench.plots import write_plots
+
+    paths = write_plots(bench_run, str(tmp_path))
+    assert set(paths) == {"ttft_cdf", "wan_bytes", "hit_rate"}
+    for p in paths.values():
+        with open(p, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
