@@ -159,30 +159,36 @@ class _Peer:
 
 
 @contextlib.contextmanager
-def bulk_flow(tb: Any, seconds_per_upload: float = 2.0, settle_s: float = 1.5) -> Iterator[dict[str, float]]:
-    """A competing bulk TCP flow A->B (back-to-back uploads to a probe server in B) while inside."""
+def bulk_flow(tb: Any, flows: int = 1, seconds_per_upload: float = 2.0,
+              settle_s: float = 1.5) -> Iterator[dict[str, float]]:
+    """Competing bulk TCP traffic A->B while inside: `flows` connections, each back-to-back uploads to a
+    probe server in B. Yields a dict that gets the flows' summed rate ("mbit") on exit."""
     from sglang_pdd.testbed import probe
 
     rate = (tb.config.rate_mbit or 1000.0) * 1e6 / 8
-    nbytes = int(rate * seconds_per_upload)
-    stop, stats = threading.Event(), {"bytes": 0.0, "seconds": 0.0}
+    nbytes = int(rate * seconds_per_upload / flows)
+    stop = threading.Event()
+    per_flow = [{"bytes": 0.0, "seconds": 0.0} for _ in range(flows)]
 
-    def loop(port: int) -> None:
+    def loop(port: int, acc: dict[str, float]) -> None:
         while not stop.is_set():
             t = tb.ns("A").call(probe.upload, tb.addr("B"), port, nbytes, 60.0)
-            stats["bytes"] += t.nbytes
-            stats["seconds"] += t.seconds
+            acc["bytes"] += t.nbytes
+            acc["seconds"] += t.seconds
 
+    stats: dict[str, float] = {"flows": flows}
     with tb.probe_server("B") as port:
-        th = threading.Thread(target=loop, args=(port,), daemon=True)
-        th.start()
+        threads = [threading.Thread(target=loop, args=(port, acc), daemon=True) for acc in per_flow]
+        for th in threads:
+            th.start()
         time.sleep(settle_s)  # past slow start
         try:
             yield stats
         finally:
             stop.set()
-            th.join(timeout=seconds_per_upload * 4 + 60)
-    stats["mbit"] = stats["bytes"] * 8 / max(stats["seconds"], 1e-9) / 1e6
+            for th in threads:
+                th.join(timeout=seconds_per_upload * 4 + 60)
+    stats["mbit"] = sum(a["bytes"] * 8 / max(a["seconds"], 1e-9) / 1e6 for a in per_flow)
 
 
 def _rounds(args: argparse.Namespace, path: str) -> tuple[int, int]:
@@ -205,12 +211,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     spec = TinyModelSpec()
     model_dir = build_cached(os.path.join(args.artifacts, "models"), spec)
-    setup = Setup(args.tokens, args.prefix_tokens, max(4 * args.tokens, 1024), args.seed, spec.layers,
-                  spec.kv_heads, spec.head_dim, spec.vocab)
+    setup = Setup(args.tokens, args.prefix_tokens, max(4 * args.tokens, 1024), args.seed,
+                  args.kv_layers or spec.layers, spec.kv_heads, spec.head_dim, spec.vocab)
     peer_argv = [sys.executable, "-m", "sglang_pdd.bench.handoff_peers"]
     env = _env(secrets.token_hex(16))
     report: dict[str, Any] = {"setup": asdict(setup), "link": {"delay_ms": args.delay_ms, "jitter_ms": args.jitter_ms,
-                              "rate_mbit": args.rate_mbit}, "rounds": args.rounds, "warmup": args.warmup,
+                              "rate_mbit": args.rate_mbit}, "model_layers": spec.layers, "rounds": args.rounds, "warmup": args.warmup,
                               "scenarios": {}}
     with Testbed(args.prefix, delay_ms=args.delay_ms, jitter_ms=args.jitter_ms, rate_mbit=args.rate_mbit) as tb:
         md = _Peer(tb.ns("B").argv([*peer_argv, "md", "--host", tb.addr("B"), "--setup", json.dumps(asdict(setup)),
@@ -224,7 +230,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             report["md"] = md.read(300)
             blocks = {}
             for scenario in args.scenarios:
-                ctx = bulk_flow(tb) if scenario == "bulk" else contextlib.nullcontext({})
+                ctx = bulk_flow(tb, args.bulk_flows) if scenario == "bulk" else contextlib.nullcontext({})
                 with ctx as bulk:
                     for path in args.paths:
                         n, warmup = _rounds(args, path)
@@ -287,15 +293,17 @@ def _row(label: str, s: dict[str, float], payload: str = "", wire: str = "", rel
 def format_report(report: dict[str, Any]) -> str:
     st, link = report["setup"], report["link"]
     lines = [
-        f"handoff of {st['tokens']} tokens: tiny Llama ({st['layers']} layers, {2 * st['layers'] * st['kv_heads'] * st['head_dim'] * 4 // 1024} KiB KV/token), "
-        f"prefix {st['prefix_tokens']}; link {link['delay_ms']:g} ms ±{link['jitter_ms']:g} ms one way, "
+        f"handoff of {st['tokens']} tokens, prefix {st['prefix_tokens']}; KV {st['layers']} layers x {st['kv_heads']} heads "
+        f"x {st['head_dim']} fp32 = {2 * st['layers'] * st['kv_heads'] * st['head_dim'] * 4 // 1024} KiB/token "
+        f"(recompute: the tiny Llama, {report['model_layers']} layers); link {link['delay_ms']:g} ms ±{link['jitter_ms']:g} ms one way, "
         f"{link['rate_mbit']:g} Mbit/s; rounds per path in column n (after {report['warmup']} warm-up)",
         f"recompute: {report['md']['recompute_engine']}; extend vs full forward: max |Δlogit| "
         f"{report['md']['recompute_check_max_abs_logit']:.1e}",
     ]
     for scenario, paths in report["scenarios"].items():
         bulk = paths.get("bulk_flow") or {}
-        extra = f" (competing bulk flow A->B at {bulk['mbit']:.1f} Mbit/s)" if bulk.get("mbit") else ""
+        extra = (f" (competing bulk traffic A->B: {bulk.get('flows', 1):g} TCP flow(s), {bulk['mbit']:.1f} Mbit/s)"
+                 if bulk.get("mbit") else "")
         lines += ["", f"scenario {scenario}{extra}",
                   f"{'path':<26} {'payload B':>10} {'wire B':>10} {'n':>3} {'mean ms':>8} {'p50 ms':>8} {'max ms':>8} "
                   f"{'std ms':>7}  x {_LABELS[REFERENCE_PATH]} (payload / mean / max / std)"]
@@ -340,7 +348,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jitter-ms", type=float, default=5.0)
     ap.add_argument("--rate-mbit", type=float, default=100.0)
     ap.add_argument("--scenarios", type=_csv(SCENARIOS), default=list(SCENARIOS))
+    ap.add_argument("--bulk-flows", type=int, default=1, help="competing TCP connections in the bulk scenario")
     ap.add_argument("--paths", type=_csv(PATHS), default=list(PATHS))
+    ap.add_argument("--kv-layers", type=int, default=0,
+                    help="layers of the KV the KV paths ship (default: the model's); 12 ~ the paper's 4649 KB")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--prefix", default="pdhm", help="testbed namespace prefix")
     ap.add_argument("--artifacts", default=os.environ.get("SGLANG_PDD_ARTIFACTS", ".artifacts"),

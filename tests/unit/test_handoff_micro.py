@@ -100,7 +100,7 @@ def _report():
     path = {"payload_bytes": {"A->B": 370, "B->A": 60}, "wire_bytes_per_handoff": {"A->B": 445.0, "B->A": 150.0},
             "stats": stats, "vs_kv_packed": {"payload": 0.001, "mean": 0.3, "p50": 0.3, "max": 0.3, "std": None}}
     ref = {k: v for k, v in path.items() if k != "vs_kv_packed"}
-    return {"setup": hm.asdict(SETUP), "link": {"delay_ms": 20, "jitter_ms": 5, "rate_mbit": 100}, "rounds": 2,
+    return {"setup": hm.asdict(SETUP), "link": {"delay_ms": 20, "jitter_ms": 5, "rate_mbit": 100}, "model_layers": 4, "rounds": 2,
             "warmup": 1, "md": {"recompute_engine": "x", "recompute_check_max_abs_logit": 0.0},
             "scenarios": {"plain": {"bulk_flow": {}, "ids": path, "kv_packed": ref},
                           "bulk": {"bulk_flow": {"mbit": 60.0}, "ids": path, "kv_packed": ref}}}
@@ -109,8 +109,8 @@ def _report():
 def test_format_report_has_a_row_per_path_and_component_and_the_paper_line():
     text = hm.format_report(_report())
     assert "token IDs total" in text and "KV packed total" in text
-    assert "recompute (1 extend)" in text and "16 KiB KV/token" in text
-    assert "competing bulk flow A->B at 60.0 Mbit/s" in text
+    assert "recompute (1 extend)" in text and "16 KiB/token" in text
+    assert "1 TCP flow(s), 60.0 Mbit/s" in text
     assert "0.001 / 0.3 / 0.3 / -" in text
     assert "4649 KB" in text
 
