@@ -65,7 +65,8 @@ class MainRuntime:
             s.waiting_queue = keep
         for a in self.handoff.poll():
             self._abort(a)
-        metrics.export_channel_rejects("main", self.channel.rejected, self._rejects_seen)
+        rejected = {**self.channel.rejected, "unknown_room": self.handoff.stats.unknown_messages}
+        metrics.export_channel_rejects("main", rejected, self._rejects_seen)
         metrics.set_held("main", len(self.handoff.held()))
 
     def _abort(self, a, keep_kv: bool = True) -> None:

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from sglang_pdd.metrics import parse_exposition
-from sglang_pdd.testing.client import greedy_body, greedy_ids
+from sglang_pdd.testing.client import generate, greedy_body, greedy_ids
 from sglang_pdd.testing.servers import http_json
 from sglang_pdd.testing.launch_args import ServerConfig
 from sglang_pdd.testing.pdd_client import Roles, relayed_generate
@@ -17,6 +17,7 @@ pytestmark = pytest.mark.e2e
 TOKEN_PORT = 18500
 NEW = 64
 IDLE_ROWS: dict[str, float] = {}
+HANDOFF_TIMEOUT = 10
 
 
 @pytest.fixture(scope="module")
@@ -27,10 +28,10 @@ def pdd(server_group, tiny_model):
         extra=["--pdd-role", "prefill"]))
     rld = server_group.start("pdd-relay", ServerConfig(
         model=tiny_model, port=base + 1, nccl_port=base + 1001, mode="decode", bootstrap_port=boot,
-        extra=["--pdd-role", "relay", "--pdd-token-port", str(TOKEN_PORT), "--pdd-handoff-timeout", "20"]))
+        extra=["--pdd-role", "relay", "--pdd-token-port", str(TOKEN_PORT), "--pdd-handoff-timeout", str(HANDOFF_TIMEOUT)]))
     md = server_group.start("pdd-main", ServerConfig(
         model=tiny_model, port=base + 2, nccl_port=base + 1002, mode="decode", bootstrap_port=boot,
-        decode_radix_cache=True, extra=["--pdd-role", "main", "--pdd-handoff-timeout", "20"]))
+        decode_radix_cache=True, extra=["--pdd-role", "main", "--pdd-handoff-timeout", str(HANDOFF_TIMEOUT)]))
     for s in (p, rld, md):
         s.wait_ready()
     for s in (rld, md):  # request rows free when idle: the baseline the leak check returns to
@@ -58,6 +59,26 @@ def test_handoff_at_k1_when_main_is_ready_before_relay_decodes(pdd, reference_se
 def test_handoff_after_relay_decoded_eager_tokens(pdd, reference_server, prompts, n_prompt, main_delay):
     r = check(pdd, reference_server, prompts.ids(n_prompt, seed=n_prompt), n=160, main_delay_s=main_delay)
     assert 1 <= r.k < 160
+
+
+def test_penalties_count_the_eager_tokens(pdd, reference_server, prompts):
+    ids = prompts.ids(150, seed=35)
+    sp = {"frequency_penalty": 0.8, "presence_penalty": 0.3}
+    expected = greedy_ids(reference_server.url, ids, 96, **sp)
+    r = relayed_generate(pdd, greedy_body(ids, 96, **sp), main_delay_s=0.6)
+    assert r.relay["meta_info"]["finish_reason"]["type"] == "pdd_handoff" and r.k > 1
+    assert r.main["output_ids"] == expected, f"k={r.k}"
+
+
+def test_logprobs_cover_the_eager_tokens(pdd, reference_server, prompts):
+    ids = prompts.ids(150, seed=36)
+    body = {**greedy_body(ids, 160), "return_logprob": True}
+    ref = generate(reference_server.url, body)["meta_info"]["output_token_logprobs"]
+    r = relayed_generate(pdd, body, main_delay_s=0.6)
+    assert r.relay["meta_info"]["finish_reason"]["type"] == "pdd_handoff", r.main
+    got = r.main["meta_info"]["output_token_logprobs"]
+    assert [t[1] for t in got] == [t[1] for t in ref]  # (logprob, token id, text) per output token
+    assert max(abs(a[0] - b[0]) for a, b in zip(got, ref)) < 1e-3, f"k={r.k}"
 
 
 def test_concurrent_handoffs_share_one_extend_step(pdd, reference_server, prompts):
@@ -103,6 +124,29 @@ def test_bad_relay_params_fail_the_request_not_the_server(pdd, reference_server,
                                                      "bootstrap_port": pdd.bootstrap_port, "bootstrap_room": 5})
     assert status >= 400 and "unsupported protocol version 99" in str(out)
     check(pdd, reference_server, prompts.ids(50, seed=81), n=16, relay_delay_s=0.3)
+
+
+@pytest.mark.parametrize("relay", ["unreachable", "never_heard_of_it"])
+def test_main_fails_cleanly_when_the_relay_cannot_hand_over(pdd, reference_server, prompts, relay):
+    """RLD unreachable, or RLD without the request: MD's copy ends with a clear error after the
+    configured timeout (RLD's answer for an unknown room also comes after it), and MD keeps serving."""
+    import random
+
+    from sglang_pdd.protocol.request import RequestParams
+
+    room = random.getrandbits(63)
+    address = "tcp://127.0.0.1:1" if relay == "unreachable" else pdd.token_channel
+    body = greedy_body(prompts.ids(60, seed=90), 8)
+    body["sampling_params"]["custom_params"] = RequestParams(v=1, relay_room=room, relay=address).to_custom_params()
+    body.update(bootstrap_host=pdd.bootstrap_host, bootstrap_port=pdd.bootstrap_port, bootstrap_room=room)
+    out = {}
+    t = threading.Thread(target=lambda: out.update(p=http_json(pdd.prefill + "/generate", body)))
+    t.start()
+    status, reply = http_json(pdd.main + "/generate", body)
+    t.join()
+    assert status >= 400, reply
+    assert "relay" in str(reply), reply
+    check(pdd, reference_server, prompts.ids(50, seed=91), n=16, relay_delay_s=0.3)
 
 
 def test_pools_return_to_idle_on_relay_and_main(pdd):

@@ -1,0 +1,85 @@
+"""One client stream out of RelayDecode's and MainDecode's: no gap, no duplicate, exact text.
+
+RLD streams t1..tk and ends with the internal `pdd_handoff` finish (k = handoff_tokens); MD's
+output then starts over at t1 (its `output_ids` hold the eager tokens it took over) and goes on. The
+client sees t1..tk from RLD, then MD's tokens from index k on. If RLD finishes the request itself
+(EOS, stop, length), its finish is final and MD's stream is ignored. The handoff finish never
+reaches the client. sglang streams cumulative `output_ids`; both feeds take those.
+
+Text is decoded here from the stitched token IDs (not taken from either server), so a multi-byte
+character whose bytes straddle the handoff comes out whole: text that ends in an incomplete
+character is held back until the next token completes it, or until the end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+HANDOFF = "pdd_handoff"
+REPLACEMENT = "\ufffd"
+
+
+class StitchError(RuntimeError):
+    pass
+
+
+@dataclass
+class Delta:
+    token_ids: list[int]
+    text: str
+    finish_reason: dict | None = None  # set on the last delta
+
+
+@dataclass
+class Stitcher:
+    decode: Callable[[list[int]], str]
+    ids: list[int] = field(default_factory=list)
+    text: str = ""
+    handoff_k: int | None = None
+    finish_reason: dict | None = None
+    source: str = "relay"  # which stream feeds the client now
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    def feed_relay(self, output_ids: list[int], finish_reason: dict | None) -> Delta:
+        if self.source != "relay":
+            raise StitchError("relay output after the handoff")
+        if finish_reason and finish_reason.get("type") == HANDOFF:
+            k = int(finish_reason["handoff_tokens"])
+            if k != len(output_ids):
+                raise StitchError(f"relay handed off {k} tokens but streamed {len(output_ids)}")
+            self.handoff_k, self.source = k, "main"
+            return self._advance(output_ids, None)
+        return self._advance(output_ids, finish_reason)
+
+    def feed_main(self, output_ids: list[int], finish_reason: dict | None) -> Delta:
+        """MD's cumulative output. Before the handoff (direct P->MD pipeline) it is the only source."""
+        if self.source == "relay" and self.handoff_k is None:
+            raise StitchError("main output before the relay handed off")
+        if self.handoff_k is not None and output_ids[: self.handoff_k] != self.ids[: self.handoff_k]:
+            raise StitchError("main's eager tokens differ from what the relay streamed")
+        return self._advance(output_ids, finish_reason)
+
+    def direct(self) -> "Stitcher":
+        """Use for the P->MD pipeline: MD is the only source from the start."""
+        self.source, self.handoff_k = "main", 0
+        return self
+
+    def _advance(self, output_ids: list[int], finish_reason: dict | None) -> Delta:
+        if len(output_ids) < len(self.ids):
+            raise StitchError(f"stream went back from {len(self.ids)} to {len(output_ids)} tokens")
+        new = [int(t) for t in output_ids[len(self.ids):]]
+        self.ids.extend(new)
+        final = finish_reason is not None
+        full = self.decode(self.ids)
+        if not final:
+            full = full.rstrip(REPLACEMENT)  # an incomplete character: wait for the rest of its bytes
+        if not full.startswith(self.text):
+            raise StitchError("decoded text is not an extension of what was sent")
+        text, self.text = full[len(self.text):], full
+        if final:
+            self.finish_reason = finish_reason
+        return Delta(new, text, finish_reason)
