@@ -58,3 +58,10 @@ def parse(custom_params: dict | None) -> RequestParams | None:
     if p.relay is not None and not p.relay.startswith("tcp://"):
         raise RequestParamsError(f"custom_params.{KEY}.relay: expected tcp://host:port, got {p.relay!r}")
     return p
+
+
+def with_params(body: dict, params: RequestParams) -> dict:
+    """A copy of a `/generate` body whose `sampling_params.custom_params` carry `params`."""
+    sp = dict(body.get("sampling_params") or {})
+    sp["custom_params"] = {**(sp.get("custom_params") or {}), **params.to_custom_params()}
+    return {**body, "sampling_params": sp}

@@ -100,3 +100,35 @@ class RouterConfig:
 
     def environ(self) -> dict[str, str]:
         return {"PYTHONUNBUFFERED": "1"}
+
+
+@dataclass
+class PddRouterConfig:
+    """The PDD router (`python -m sglang_pdd.router`) in front of P, RLD and MD servers."""
+
+    prefill: list[tuple[str, int]]  # (url, bootstrap port)
+    relay: list[tuple[str, int]]  # (url, token-channel port)
+    main: list[str]
+    tokenizer: str
+    port: int
+    host: str = "127.0.0.1"
+    pipeline: str = "relay"
+    extra: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def argv(self) -> list[str]:
+        a = [sys.executable, "-m", "sglang_pdd.router", "--tokenizer", self.tokenizer,
+             "--host", self.host, "--port", str(self.port), "--pipeline", self.pipeline]
+        for url, bport in self.prefill:
+            a += ["--prefill", url, str(bport)]
+        for url, tport in self.relay:
+            a += ["--relay", url, str(tport)]
+        for url in self.main:
+            a += ["--main", url]
+        return a + list(self.extra)
+
+    def environ(self) -> dict[str, str]:
+        return {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}

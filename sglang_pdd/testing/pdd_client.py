@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from sglang_pdd.protocol.request import RequestParams
+from sglang_pdd.protocol.request import RequestParams, with_params
 from sglang_pdd.testing.client import GenerateError, generate
 
 
@@ -36,23 +36,17 @@ class RelayedResult:
     timings: dict = field(default_factory=dict)
 
 
-def _merge_custom(body: dict, params: RequestParams) -> dict:
-    sp = dict(body.get("sampling_params") or {})
-    sp["custom_params"] = {**(sp.get("custom_params") or {}), **params.to_custom_params()}
-    return {**body, "sampling_params": sp}
-
-
 def relayed_generate(roles: Roles, body: dict, *, fanout: bool = False, main_delay_s: float = 0.0,
                      relay_delay_s: float = 0.0, main_extra: dict | None = None) -> RelayedResult:
     """Send one request through P -> RLD -> MD; `*_delay_s` hold back one path to force k."""
     room, room2 = random.getrandbits(63), random.getrandbits(63)
     boot = {"bootstrap_host": roles.bootstrap_host, "bootstrap_port": roles.bootstrap_port}
     to_relay = {**body, **boot, "bootstrap_room": room}
-    to_main = _merge_custom({**body, **boot, "bootstrap_room": room2},
+    to_main = with_params({**body, **boot, "bootstrap_room": room2},
                             RequestParams(v=1, relay_room=room, relay=roles.token_channel, **(main_extra or {})))
     calls = []
     if fanout:
-        calls.append(("prefill", roles.prefill, _merge_custom(to_relay, RequestParams(v=1, main_room=room2)), relay_delay_s))
+        calls.append(("prefill", roles.prefill, with_params(to_relay, RequestParams(v=1, main_room=room2)), relay_delay_s))
     else:
         calls.append(("prefill", roles.prefill, to_relay, relay_delay_s))
         calls.append(("prefill_main", roles.prefill, to_main, main_delay_s))

@@ -38,3 +38,29 @@ def start_pd(server_set, model: str, *, base_port: int, bootstrap_port: int, rou
 def kv_bytes_per_token(model_dir: str) -> int:
     with open(os.path.join(model_dir, "sglang_pdd_tiny_model.json")) as f:
         return json.load(f)["kv_bytes_per_token"]
+
+
+def metric(url: str, name: str) -> dict:
+    """Samples of one metric on a server's /metrics: {sorted label pairs: value}."""
+    from sglang_pdd.metrics import parse_exposition
+    from sglang_pdd.testing.servers import http_json
+
+    status, text = http_json(url + "/metrics")
+    assert status == 200
+    return parse_exposition(text, name)
+
+
+def by_state(url: str, name: str) -> dict:
+    return {dict(k).get("state"): v for k, v in metric(url, name).items()}
+
+
+def wait_for_metric(url: str, name: str, state: str, timeout_s: float = 30.0) -> float:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = by_state(url, name)
+        if state in got:
+            return got[state]
+        time.sleep(0.5)
+    raise AssertionError(f"{url} never published {name}")

@@ -6,9 +6,10 @@ import time
 
 import pytest
 
-from sglang_pdd.metrics import parse_exposition
 from sglang_pdd.testing.client import generate, greedy_body, greedy_ids
 from sglang_pdd.testing.servers import http_json
+
+from .cluster import metric, wait_for_metric
 from sglang_pdd.testing.launch_args import ServerConfig
 from sglang_pdd.testing.pdd_client import Roles, relayed_generate
 
@@ -164,20 +165,6 @@ def test_pools_return_to_idle_on_relay_and_main(pdd):
         assert idle, (url, pool, rows, held)
 
 
-def wait_for_metric(url: str, name: str, state: str, timeout_s: float = 30.0) -> float:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = {dict(k).get("state"): v for k, v in metric(url, name).items()}
-        if state in got:
-            return got[state]
-        time.sleep(0.5)
-    raise AssertionError(f"{url} never published {name}")
-
-
-def metric(url: str, name: str) -> dict:
-    status, text = http_json(url + "/metrics")
-    assert status == 200
-    return parse_exposition(text, name)
 
 
 def test_relay_finishing_first_tells_main_which_lets_go(pdd, reference_server, prompts):

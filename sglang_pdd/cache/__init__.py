@@ -1,0 +1,1 @@
+"""The router's view of MainDecode's prefix cache."""

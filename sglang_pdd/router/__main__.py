@@ -1,0 +1,100 @@
+"""`python -m sglang_pdd.router`: the PDD router (one OpenAI-compatible stream across the handoff).
+
+    python -m sglang_pdd.router --prefill http://P:30000 8998 --relay http://RLD:30001 18500 \\
+        --main http://MD:30002 --tokenizer MODEL_DIR --host 0.0.0.0 --port 8000 [--pipeline auto]
+
+Several of each role may be given; `--peer-policy` picks among them. `--pipeline auto` asks the
+pipeline policy (predicted WAN time of MD's missed KV against `--wan-budget-s`), `relay` always
+uses P->RLD->MD, `direct` always P->MD.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from urllib.parse import urlparse
+
+from sglang_pdd.router.dispatch import PIPELINE_MODES, DispatchConfig, Dispatcher
+from sglang_pdd.router.peers import Peer, PeerPool
+
+
+def _peer_args(values: list[list[str]], role: str, default_port: int | None, flag: str) -> list[Peer]:
+    peers = []
+    for v in values or []:
+        if not v or len(v) > 2 or not v[0].startswith(("http://", "https://")):
+            raise SystemExit(f"{flag}: expected URL [PORT], got {' '.join(v)}")
+        port = int(v[1]) if len(v) == 2 and v[1] != "none" else default_port
+        if role == "relay":
+            if port is None:
+                raise SystemExit(f"{flag} {v[0]}: give the relay's token-channel port (its --pdd-token-port)")
+            peers.append(Peer(v[0].rstrip("/"), token_channel=f"tcp://{urlparse(v[0]).hostname}:{port}"))
+        else:
+            peers.append(Peer(v[0].rstrip("/"), bootstrap_port=port))
+    return peers
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m sglang_pdd.router", description=__doc__.split("\n")[0])
+    ap.add_argument("--prefill", nargs="+", action="append", metavar=("URL", "BOOTSTRAP_PORT"), required=True)
+    ap.add_argument("--relay", nargs="+", action="append", metavar=("URL", "TOKEN_PORT"), default=[])
+    ap.add_argument("--main", nargs=1, action="append", metavar="URL", required=True)
+    ap.add_argument("--tokenizer", required=True, help="model or tokenizer directory (chat template, detokenization)")
+    ap.add_argument("--model-name", default=None)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--pipeline", choices=PIPELINE_MODES, default="auto")
+    ap.add_argument("--peer-policy", choices=("least-loaded", "round-robin"), default="least-loaded")
+    ap.add_argument("--request-timeout", type=float, default=600.0)
+    ap.add_argument("--default-max-tokens", type=int, default=128)
+    ap.add_argument("--kv-bytes-per-token", type=int, default=None, help="for --pipeline auto (default: from the model config)")
+    ap.add_argument("--wan-mbit", type=float, default=1000.0, help="initial WAN bandwidth estimate")
+    ap.add_argument("--wan-rtt-ms", type=float, default=20.0)
+    ap.add_argument("--wan-budget-s", type=float, default=0.5, help="P->MD when MD's missed KV crosses within this")
+    ap.add_argument("--log-level", default="info")
+    return ap
+
+
+def kv_bytes_from_config(model_dir: str) -> int:
+    import json
+    import os
+
+    with open(os.path.join(model_dir, "config.json")) as f:
+        c = json.load(f)
+    head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    dtype_bytes = {"float32": 4, "float16": 2, "bfloat16": 2}.get(str(c.get("torch_dtype") or c.get("dtype")), 2)
+    return 2 * c["num_hidden_layers"] * c.get("num_key_value_heads", c["num_attention_heads"]) * head_dim * dtype_bytes
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="[%(asctime)s] %(name)s: %(message)s")
+    from aiohttp import web
+    from transformers import AutoTokenizer
+
+    from sglang_pdd.router.app import RouterApp
+    from sglang_pdd.router.bandwidth import BandwidthEstimator
+    from sglang_pdd.router.policy import PipelinePolicy, PipelinePolicyConfig
+
+    prefill = PeerPool("prefill", _peer_args(args.prefill, "prefill", 8998, "--prefill"), args.peer_policy)
+    relay = PeerPool("relay", _peer_args(args.relay, "relay", None, "--relay"), args.peer_policy)
+    main_ = PeerPool("main", _peer_args(args.main, "main", None, "--main"), args.peer_policy)
+    tok = AutoTokenizer.from_pretrained(args.tokenizer)
+    kvb = args.kv_bytes_per_token or kv_bytes_from_config(args.tokenizer)
+    rtt = args.wan_rtt_ms / 1000
+    policy = PipelinePolicy(PipelinePolicyConfig(kv_bytes_per_token=kvb, wan_budget_s=args.wan_budget_s),
+                            BandwidthEstimator(args.wan_mbit * 1e6 / 8, rtt_s=rtt), rtt_s=rtt)
+    try:
+        d = Dispatcher(prefill, relay, main_, DispatchConfig(args.pipeline, args.request_timeout),
+                       decode=lambda ids: tok.decode(ids, skip_special_tokens=True), policy=policy)
+    except ValueError as e:
+        raise SystemExit(f"sglang-pdd router: {e}") from None
+    app = RouterApp(d, tok, args.model_name or args.tokenizer.rstrip("/").split("/")[-1], args.default_max_tokens)
+    logging.getLogger(__name__).info("sglang-pdd router: %d prefill, %d relay, %d main; pipeline %s",
+                                     len(prefill.peers), len(relay.peers), len(main_.peers), args.pipeline)
+    web.run_app(app.app, host=args.host, port=args.port, print=None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""The PDD router's HTTP front: sglang-native /generate, OpenAI /v1/completions and
+/v1/chat/completions (streaming SSE and not), /v1/models, /health, /metrics."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from aiohttp import web
+
+from sglang_pdd.router import openai_api as oa
+from sglang_pdd.router.dispatch import Dispatcher, Outcome, RequestFailed
+
+logger = logging.getLogger(__name__)
+
+
+class RouterMetrics:
+    def __init__(self):
+        from prometheus_client import CollectorRegistry, Counter
+
+        self.registry = CollectorRegistry()
+        self.requests = Counter("sglang_pdd_router_requests", "Requests by pipeline and outcome",
+                                ("pipeline", "outcome"), registry=self.registry)
+        self.tokens = Counter("sglang_pdd_router_output_tokens", "Output tokens by source",
+                              ("source",), registry=self.registry)
+
+    def record(self, outcome: Outcome, ok: bool, n_tokens: int) -> None:
+        pipe = outcome.pipeline.value if outcome.pipeline else "none"
+        self.requests.labels(pipe, "ok" if ok else "error").inc()
+        k = min(outcome.handoff_k or 0, n_tokens)
+        relay_tokens = n_tokens if (outcome.pipeline and outcome.pipeline.value != "P->MD"
+                                    and outcome.handoff_k is None) else k
+        self.tokens.labels("relay").inc(relay_tokens)
+        self.tokens.labels("main").inc(n_tokens - relay_tokens)
+
+
+def _sse(obj) -> bytes:
+    return b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "code": status}}, status=status)
+
+
+class RouterApp:
+    def __init__(self, dispatcher: Dispatcher, tokenizer, model_name: str, default_max_tokens: int = 128):
+        self.d, self.tok, self.model = dispatcher, tokenizer, model_name
+        self.default_max_tokens = default_max_tokens
+        self.metrics = RouterMetrics()
+        app = web.Application(client_max_size=64 << 20)
+        app.add_routes([
+            web.post("/generate", self.generate), web.post("/v1/completions", self.completions),
+            web.post("/v1/chat/completions", self.chat), web.get("/v1/models", self.models),
+            web.get("/health", self.health), web.get("/metrics", self.metrics_page),
+        ])
+        app.on_startup.append(lambda _: self.d.start())
+        app.on_cleanup.append(lambda _: self.d.close())
+        self.app = app
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=True)
+
+    async def health(self, _req):
+        return web.Response(text="ok")
+
+    async def models(self, _req):
+        return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model"}]})
+
+    async def metrics_page(self, _req):
+        from prometheus_client import generate_latest
+
+        return web.Response(body=generate_latest(self.metrics.registry), content_type="text/plain")
+
+    async def _body(self, request) -> dict:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise oa.BadRequest("the body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise oa.BadRequest("the body must be a JSON object")
+        return body
+
+    # -- sglang-native ----------------------------------------------------------------------
+    async def generate(self, request):
+        try:
+            body = await self._body(request)
+            ids = body.get("input_ids")
+            if ids is None:
+                if not isinstance(body.get("text"), str) or not body["text"]:
+                    raise oa.BadRequest("send non-empty text or input_ids")
+                ids = self.tok.encode(body["text"], add_special_tokens=False)
+            if not isinstance(ids, list) or not ids or not all(isinstance(t, int) for t in ids):
+                raise oa.BadRequest("input_ids must be a non-empty list of token ids (one prompt per request)")
+            sp = dict(body.get("sampling_params") or {})
+            sp.setdefault("max_new_tokens", self.default_max_tokens)
+        except oa.BadRequest as e:
+            return _error(400, str(e))
+        extra = {"return_logprob": True} if body.get("return_logprob") else {}
+        outcome = Outcome()
+        stream = self.d.generate(ids, sp, extra, outcome)
+        if body.get("stream"):
+            return await self._stream_native(request, stream, outcome, len(ids))
+        out_ids, text, reason = [], "", None
+        try:
+            async for delta in stream:
+                out_ids += delta.token_ids
+                text += delta.text
+                reason = delta.finish_reason or reason
+        except RequestFailed as e:
+            self.metrics.record(outcome, False, len(out_ids))
+            return _error(e.status, str(e))
+        self.metrics.record(outcome, True, len(out_ids))
+        return web.json_response({"text": text, "output_ids": out_ids,
+                                  "meta_info": self._meta(outcome, reason, len(ids), len(out_ids))})
+
+    def _meta(self, outcome: Outcome, reason, n_prompt: int, n_out: int) -> dict:
+        meta = {"finish_reason": reason, "prompt_tokens": n_prompt, "completion_tokens": n_out,
+                "pdd": {"pipeline": outcome.pipeline.value if outcome.pipeline else None,
+                        "handoff_tokens": outcome.handoff_k, "reason": outcome.reason}}
+        if outcome.output_logprobs is not None:
+            meta["output_token_logprobs"] = outcome.output_logprobs
+        return meta
+
+    async def _stream_native(self, request, stream, outcome, n_prompt: int):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        out_ids, text = [], ""
+        try:
+            async for delta in stream:
+                out_ids += delta.token_ids
+                text += delta.text
+                await resp.write(_sse({"text": text, "output_ids": out_ids,
+                                       "meta_info": self._meta(outcome, delta.finish_reason, n_prompt, len(out_ids))}))
+            self.metrics.record(outcome, True, len(out_ids))
+        except RequestFailed as e:
+            self.metrics.record(outcome, False, len(out_ids))
+            await resp.write(_sse({"error": {"message": str(e), "code": e.status}}))
+        await resp.write(_sse(b"[DONE]"))
+        return resp
+
+    # -- OpenAI ------------------------------------------------------------------------------
+    async def completions(self, request):
+        return await self._openai(request, chat=False)
+
+    async def chat(self, request):
+        return await self._openai(request, chat=True)
+
+    async def _openai(self, request, chat: bool):
+        try:
+            body = await self._body(request)
+            ids = oa.prompt_ids(self.tok, body, chat)
+            sp = oa.sampling_params(body, self.default_max_tokens)
+        except oa.BadRequest as e:
+            return _error(400, str(e))
+        except Exception as e:  # a chat template that cannot render these messages
+            return _error(400, f"cannot build the prompt: {e}")
+        shape = oa.ResponseShape(chat=chat, model=body.get("model") or self.model)
+        trim = oa.StopTrim(stops=list(sp.get("stop") or []))
+        outcome = Outcome()
+        stream = self.d.generate(ids, sp, {}, outcome)
+        n_out = 0
+        if body.get("stream"):
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+            await resp.prepare(request)
+            first = True
+            try:
+                async for delta in stream:
+                    n_out += len(delta.token_ids)
+                    text = trim.push(delta.text, delta.finish_reason)
+                    reason = oa.finish_reason(delta.finish_reason)
+                    if text or reason or first:
+                        await resp.write(_sse(shape.chunk(text, reason, first=first)))
+                        first = False
+                if (body.get("stream_options") or {}).get("include_usage"):
+                    await resp.write(_sse({**shape.chunk("", None), "choices": [], "usage": oa.usage(len(ids), n_out)}))
+                self.metrics.record(outcome, True, n_out)
+            except RequestFailed as e:
+                self.metrics.record(outcome, False, n_out)
+                await resp.write(_sse({"error": {"message": str(e), "code": e.status}}))
+            await resp.write(_sse(b"[DONE]"))
+            return resp
+        reason = None
+        try:
+            async for delta in stream:
+                n_out += len(delta.token_ids)
+                trim.push(delta.text, delta.finish_reason)
+                reason = delta.finish_reason or reason
+        except RequestFailed as e:
+            self.metrics.record(outcome, False, n_out)
+            return _error(e.status, str(e))
+        self.metrics.record(outcome, True, n_out)
+        return web.json_response(shape.whole(trim.sent, oa.finish_reason(reason), oa.usage(len(ids), n_out)))

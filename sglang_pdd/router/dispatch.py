@@ -1,0 +1,164 @@
+"""One request through the pipeline the policy picks: P->MD, P->RLD->MD, or (odd traffic) P->RLD.
+
+The dispatcher assigns the bootstrap rooms (R for RLD, R2 for MD), sends each role its copy of the
+request at once (P's copy carries `main_room` so its fan-out sender feeds RLD and MD), and turns the
+streams that come back into one sequence of `Delta`s (see `stitch.Stitcher`). It owns the request's
+life on every role: when the client goes away, or anything fails, it aborts the request's copies on
+every role it reached; it never leaves a role waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable
+
+import aiohttp
+
+from sglang_pdd.cache.prefix_view import PrefixView
+from sglang_pdd.protocol.request import RequestParams, with_params
+from sglang_pdd.router import upstream
+from sglang_pdd.router.peers import Peer, PeerPool
+from sglang_pdd.router.policy import Pipeline, PipelinePolicy, RouteInputs
+from sglang_pdd.router.stitch import Delta, Stitcher, StitchError
+
+logger = logging.getLogger(__name__)
+
+PIPELINE_MODES = ("auto", "relay", "direct")
+
+
+class RequestFailed(RuntimeError):
+    def __init__(self, message: str, status: int = 502):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class DispatchConfig:
+    pipeline: str = "auto"
+    request_timeout_s: float = 600.0
+
+
+@dataclass
+class Outcome:
+    """What the dispatcher learned about one request (for /metrics, logs and the response)."""
+
+    pipeline: Pipeline | None = None
+    reason: str = ""
+    handoff_k: int | None = None
+    output_logprobs: list | None = None
+
+
+class Dispatcher:
+    def __init__(self, prefill: PeerPool, relay: PeerPool, main: PeerPool, cfg: DispatchConfig,
+                 decode: Callable[[list[int]], str], policy: PipelinePolicy | None = None):
+        if cfg.pipeline not in PIPELINE_MODES:
+            raise ValueError(f"--pipeline must be one of {PIPELINE_MODES}, got {cfg.pipeline!r}")
+        if cfg.pipeline != "direct" and not relay:
+            raise ValueError(f"--pipeline {cfg.pipeline} needs at least one --relay")
+        self.prefill, self.relay, self.main, self.cfg = prefill, relay, main, cfg
+        self.decode, self.policy = decode, policy
+        self.views: dict[str, PrefixView] = {p.url: PrefixView() for p in main.peers}
+        self.session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+    # -- pipeline choice ------------------------------------------------------------------------
+    def choose(self, input_ids: list[int], max_new_tokens: int, md: Peer) -> tuple[Pipeline, str]:
+        if self.cfg.pipeline == "direct":
+            return Pipeline.P_MD, "--pipeline direct"
+        if self.cfg.pipeline == "relay" or self.policy is None:
+            return Pipeline.P_RLD_MD, "--pipeline relay"
+        hit = self.views[md.url].match(input_ids)
+        d = self.policy.decide(RouteInputs(len(input_ids), hit, max_new_tokens))
+        return d.pipeline, d.reason
+
+    # -- one request ----------------------------------------------------------------------------
+    async def generate(self, input_ids: list[int], sampling_params: dict, extra: dict,
+                       outcome: Outcome) -> AsyncIterator[Delta]:
+        p, md = self.prefill.pick(), self.main.pick()
+        pipeline, why = self.choose(input_ids, int(sampling_params.get("max_new_tokens") or 128), md)
+        outcome.pipeline, outcome.reason = pipeline, why
+        rld = self.relay.pick() if pipeline is not Pipeline.P_MD else None
+        room, room2 = random.getrandbits(63), random.getrandbits(63)
+        rid = f"pdd-{room:x}"
+        base = {"input_ids": list(input_ids), "sampling_params": dict(sampling_params), **extra,
+                "bootstrap_host": p.host, "bootstrap_port": p.bootstrap_port}
+        calls: list[tuple[str, Peer, dict]] = []
+        if pipeline is Pipeline.P_MD:
+            calls.append(("prefill", p, {**base, "bootstrap_room": room, "rid": rid + "-p"}))
+            calls.append(("main", md, {**base, "bootstrap_room": room, "rid": rid + "-m"}))
+        else:
+            to_p = {**base, "bootstrap_room": room, "rid": rid + "-p"}
+            if pipeline is Pipeline.P_RLD_MD:
+                to_p = with_params(to_p, RequestParams(v=1, main_room=room2))
+                calls.append(("main", md, with_params({**base, "bootstrap_room": room2, "rid": rid + "-m"},
+                                                       RequestParams(v=1, relay_room=room, relay=rld.token_channel))))
+            calls.append(("prefill", p, to_p))
+            calls.append(("relay", rld, {**base, "bootstrap_room": room, "rid": rid + "-r"}))
+        queues = {name: asyncio.Queue() for name, _, _ in calls if name != "prefill"}
+        tasks = [asyncio.create_task(self._run(name, peer, body, queues.get(name))) for name, peer, body in calls]
+        stitcher = Stitcher(self.decode) if rld is not None else Stitcher(self.decode).direct()
+        lp: list = []
+        try:
+            if rld is not None:
+                async for d in self._drain(queues["relay"], stitcher.feed_relay, lp):
+                    yield d
+                if stitcher.done:  # the relay finished the request itself: MD's copy is not needed
+                    outcome.output_logprobs = lp or None
+                    return
+                outcome.handoff_k = stitcher.handoff_k
+            async for d in self._drain(queues["main"], stitcher.feed_main, lp):
+                yield d
+            outcome.output_logprobs = lp or None
+            self.views[md.url].insert(list(input_ids) + stitcher.ids)
+        finally:
+            pending = [t for t in tasks if not t.done()]
+            for t in pending:
+                t.cancel()
+            if pending or not stitcher.done:
+                await asyncio.gather(*(upstream.abort(self.session, peer.url, body["rid"])
+                                       for _, peer, body in calls), return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _run(self, role: str, peer: Peer, body: dict, q: asyncio.Queue | None) -> None:
+        peer.in_flight += 1
+        try:
+            if q is None:  # P answers once its KV went out; its reply carries nothing the client sees
+                await upstream.post_json(self.session, role, peer.url, "/generate", body, self.cfg.request_timeout_s)
+                return
+            async for chunk in upstream.stream_generate(self.session, role, peer.url, body, self.cfg.request_timeout_s):
+                await q.put(chunk)
+        except upstream.UpstreamError as e:
+            if q is not None:
+                await q.put(e)
+            else:
+                logger.info("prefill copy of %s ended with %s", body.get("rid"), e)
+        finally:
+            peer.in_flight -= 1
+
+    async def _drain(self, q: asyncio.Queue, feed, lp: list) -> AsyncIterator[Delta]:
+        while True:
+            item = await q.get()
+            if isinstance(item, upstream.UpstreamError):
+                raise RequestFailed(str(item), status=502 if item.status is None or item.status >= 500 else item.status)
+            meta = item.get("meta_info") or {}
+            reason = meta.get("finish_reason")
+            try:
+                delta = feed(list(item.get("output_ids") or []), reason)
+            except StitchError as e:
+                raise RequestFailed(f"pdd stitching: {e}", status=502) from None
+            got = meta.get("output_token_logprobs")
+            if got:  # cumulative, aligned with output_ids; after the handoff MD's repeats t1..tk
+                lp.extend(got[len(lp):])
+            if delta.token_ids or delta.text or delta.finish_reason:
+                yield delta
+            if reason is not None:
+                return

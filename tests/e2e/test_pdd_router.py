@@ -1,0 +1,141 @@
+"""The PDD router end to end on real sglang: one stream across the handoff, token-identical to a
+single server, through /generate and the OpenAI endpoints, streaming and not."""
+
+import json
+import threading
+import urllib.request
+
+import pytest
+
+from sglang_pdd.testing.client import greedy_body, greedy_ids, stream_generate
+from sglang_pdd.testing.launch_args import PddRouterConfig, ServerConfig
+from sglang_pdd.testing.servers import http_json
+
+from .cluster import by_state, metric, wait_for_metric
+
+pytestmark = pytest.mark.e2e
+
+TOKEN_PORT = 18600
+N = 96
+
+
+@pytest.fixture(scope="module")
+def router(server_group, tiny_model):
+    base, boot = 30800, 8996
+    p = server_group.start("router-prefill", ServerConfig(
+        model=tiny_model, port=base, nccl_port=base + 1000, mode="prefill", bootstrap_port=boot,
+        extra=["--pdd-role", "prefill"]))
+    rld = server_group.start("router-relay", ServerConfig(
+        model=tiny_model, port=base + 1, nccl_port=base + 1001, mode="decode", bootstrap_port=boot,
+        extra=["--pdd-role", "relay", "--pdd-token-port", str(TOKEN_PORT), "--pdd-handoff-timeout", "10"]))
+    md = server_group.start("router-main", ServerConfig(
+        model=tiny_model, port=base + 2, nccl_port=base + 1002, mode="decode", bootstrap_port=boot,
+        decode_radix_cache=True, extra=["--pdd-role", "main", "--pdd-handoff-timeout", "10"]))
+    for s in (p, rld, md):
+        s.wait_ready()
+    idle_rows = {s.url: wait_for_metric(s.url, "sglang_pdd_req_rows", "free") for s in (rld, md)}
+    relay_router = server_group.start("pdd-router", PddRouterConfig(
+        prefill=[(p.url, boot)], relay=[(rld.url, TOKEN_PORT)], main=[md.url], tokenizer=tiny_model,
+        port=base + 3, pipeline="relay")).wait_ready()
+    direct_router = server_group.start("pdd-router-direct", PddRouterConfig(
+        prefill=[(p.url, boot)], relay=[(rld.url, TOKEN_PORT)], main=[md.url], tokenizer=tiny_model,
+        port=base + 4, pipeline="direct")).wait_ready()
+    return {"relay": relay_router, "direct": direct_router, "main": md, "relay_server": rld, "idle_rows": idle_rows}
+
+
+@pytest.mark.parametrize("pipeline", ["relay", "direct"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_generate_is_token_identical_to_a_single_server(router, reference_server, prompts, pipeline, stream):
+    ids = prompts.ids(600, seed=100 + stream)
+    expected = greedy_ids(reference_server.url, ids, N)
+    url = router[pipeline].url
+    out = stream_generate(url, greedy_body(ids, N)) if stream else http_json(url + "/generate", greedy_body(ids, N))[1]
+    assert out["output_ids"] == expected
+    meta = out["meta_info"]
+    assert meta["finish_reason"]["type"] == "length" and meta["completion_tokens"] == N
+    assert meta["pdd"]["pipeline"] == ("P->RLD->MD" if pipeline == "relay" else "P->MD")
+    if pipeline == "relay":
+        assert meta["pdd"]["handoff_tokens"] is None or 1 <= meta["pdd"]["handoff_tokens"] <= N
+
+
+def openai(url: str, path: str, body: dict, stream: bool):
+    req = urllib.request.Request(url + path, data=json.dumps({**body, "stream": stream}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        if not stream:
+            return json.load(r)
+        chunks = [json.loads(l[5:]) for l in (x.decode().strip() for x in r) if l.startswith("data:") and "[DONE]" not in l]
+    return chunks
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_completions_text_matches_a_single_server(router, reference_server, prompts, stream):
+    prompt = prompts.text(prompts.ids(400, seed=110))
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 80, "temperature": 0, "ignore_eos": True}
+    expected = openai(reference_server.url, "/v1/completions", body, stream=False)
+    got = openai(router["relay"].url, "/v1/completions", body, stream=stream)
+    if stream:
+        text = "".join(c["choices"][0]["text"] for c in got if c.get("choices"))
+        reason = [c["choices"][0]["finish_reason"] for c in got if c.get("choices")][-1]
+    else:
+        text, reason = got["choices"][0]["text"], got["choices"][0]["finish_reason"]
+        assert got["usage"]["completion_tokens"] == expected["usage"]["completion_tokens"] == 80
+    assert text == expected["choices"][0]["text"]
+    assert reason == "length"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_completions_match_a_single_server(router, reference_server, stream):
+    body = {"model": "tiny", "temperature": 0, "max_tokens": 64, "ignore_eos": True, "messages": [
+        {"role": "system", "content": "You are a terse tool-using agent."},
+        {"role": "user", "content": "List the files, then summarise them " * 20}]}
+    expected = openai(reference_server.url, "/v1/chat/completions", body, stream=False)
+    got = openai(router["relay"].url, "/v1/chat/completions", body, stream=stream)
+    want = expected["choices"][0]["message"]["content"]
+    if stream:
+        text = "".join(c["choices"][0]["delta"].get("content", "") for c in got if c.get("choices"))
+    else:
+        text = got["choices"][0]["message"]["content"]
+        assert got["usage"]["prompt_tokens"] == expected["usage"]["prompt_tokens"]
+    assert text == want
+
+
+def test_stop_string_across_the_handoff_is_honoured(router, reference_server, prompts):
+    ids = prompts.ids(300, seed=120)
+    full = http_json(reference_server.url + "/generate", greedy_body(ids, 120))[1]["text"]
+    stop = full[len(full) // 2: len(full) // 2 + 6]  # somewhere past the first eager tokens
+    body = {"model": "tiny", "prompt": ids, "max_tokens": 120, "temperature": 0, "ignore_eos": True, "stop": [stop]}
+    expected = openai(reference_server.url, "/v1/completions", body, stream=False)["choices"][0]
+    got = openai(router["relay"].url, "/v1/completions", body, stream=False)["choices"][0]
+    assert (got["text"], got["finish_reason"]) == (expected["text"], expected["finish_reason"]) == (got["text"], "stop")
+
+
+def test_client_disconnect_aborts_every_role_and_nothing_leaks(router, prompts):
+    ids = prompts.ids(200, seed=130)
+    req = urllib.request.Request(router["relay"].url + "/generate",
+                                 data=json.dumps({**greedy_body(ids, 2000), "stream": True}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        r.readline()  # the first chunk arrived: the request is running; now walk away
+    import time
+
+    servers = (router["relay_server"].url, router["main"].url)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        held = sum(metric(router["main"].url, "sglang_pdd_handoff_held_requests").values())
+        rows = {u: by_state(u, "sglang_pdd_req_rows")["free"] for u in servers}
+        if held == 0 and rows == {u: router["idle_rows"][u] for u in servers}:
+            break
+        time.sleep(0.5)
+    assert held == 0 and rows == {u: router["idle_rows"][u] for u in servers}
+
+
+def test_bad_requests_get_clear_errors_and_the_router_keeps_serving(router, reference_server, prompts):
+    url = router["relay"].url
+    assert http_json(url + "/generate", {"input_ids": [], "sampling_params": {}})[0] == 400
+    assert http_json(url + "/v1/completions", {"prompt": "x", "n": 2})[0] == 400
+    assert http_json(url + "/v1/chat/completions", {"messages": "hi"})[0] == 400
+    status, body = http_json(url + "/generate", greedy_body([5, 10 ** 7], 4))
+    assert status >= 400 and "vocabulary" in json.dumps(body)
+    ids = prompts.ids(50, seed=140)
+    assert http_json(url + "/generate", greedy_body(ids, 16))[1]["output_ids"] == greedy_ids(reference_server.url, ids, 16)

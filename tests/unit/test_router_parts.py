@@ -1,0 +1,85 @@
+import pytest
+
+from sglang_pdd.cache.prefix_view import PrefixView
+from sglang_pdd.router import openai_api as oa
+from sglang_pdd.router.__main__ import _peer_args, build_parser
+from sglang_pdd.router.peers import Peer, PeerPool
+
+
+def test_openai_sampling_params_map_to_sglang_names():
+    sp = oa.sampling_params({"max_tokens": 5, "temperature": 0, "stop": "END", "seed": 3}, 128)
+    assert sp == {"max_new_tokens": 5, "temperature": 0, "stop": ["END"], "sampling_seed": 3}
+    assert oa.sampling_params({}, 77)["max_new_tokens"] == 77
+
+
+@pytest.mark.parametrize("req, match", [({"n": 2}, "n > 1"), ({"max_tokens": 0}, "positive"),
+                                        ({"max_tokens": "9"}, "positive")])
+def test_bad_sampling_requests_are_rejected(req, match):
+    with pytest.raises(oa.BadRequest, match=match):
+        oa.sampling_params(req, 16)
+
+
+class Tok:
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) for c in text]
+
+    def apply_chat_template(self, msgs, add_generation_prompt, tokenize):
+        return [1] + [ord(c) for m in msgs for c in m["content"]] + [2]
+
+
+@pytest.mark.parametrize("req, chat, ids", [
+    ({"prompt": "ab"}, False, [97, 98]), ({"prompt": ["ab"]}, False, [97, 98]), ({"prompt": [5, 6]}, False, [5, 6]),
+    ({"messages": [{"role": "user", "content": "a"}]}, True, [1, 97, 2]),
+])
+def test_prompts_become_token_ids(req, chat, ids):
+    assert oa.prompt_ids(Tok(), req, chat) == ids
+
+
+@pytest.mark.parametrize("req, chat", [({"prompt": ""}, False), ({"prompt": ["a", "b"]}, False),
+                                       ({"prompt": 3}, False), ({"messages": []}, True), ({"messages": "x"}, True)])
+def test_bad_prompts_are_rejected(req, chat):
+    with pytest.raises(oa.BadRequest):
+        oa.prompt_ids(Tok(), req, chat)
+
+
+def test_stop_trim_holds_back_a_possible_stop_and_cuts_at_the_match():
+    t = oa.StopTrim(stops=["END"])
+    assert t.push("hello E", None) == "hello"
+    assert t.push("N", None) == " "  # only the last 2 characters could still start "END"
+    assert t.push("D!", {"type": "stop", "matched": "END"}) == ""
+    assert t.sent == "hello "
+
+
+def test_stop_trim_without_stops_passes_text_through():
+    t = oa.StopTrim()
+    assert t.push("ab", None) == "ab" and t.push("c", {"type": "length"}) == "c"
+
+
+def test_prefix_view_matches_page_granular_prefixes_and_forgets_oldest():
+    v = PrefixView(page_size=2, max_tokens=10)
+    v.insert([1, 2, 3, 4, 5])
+    assert v.match([1, 2, 3, 4, 9]) == 4 and v.match([1, 2, 3]) == 2 and v.match([7]) == 0
+    v.insert([7, 8, 9, 10, 11, 12])  # over the token bound: the first sequence goes
+    assert v.match([1, 2]) == 0 and v.match([7, 8, 9, 10, 11, 12]) == 6
+
+
+def test_peer_pools_pick_least_loaded_or_round_robin():
+    a, b = Peer("http://a:1"), Peer("http://b:1")
+    a.in_flight = 3
+    assert PeerPool("main", [a, b]).pick() is b
+    rr = PeerPool("main", [a, b], policy="round-robin")
+    assert [rr.pick(), rr.pick(), rr.pick()] == [a, b, a]
+    with pytest.raises(LookupError, match="no relay server"):
+        PeerPool("relay", []).pick()
+
+
+def test_router_cli_peers():
+    args = build_parser().parse_args(["--prefill", "http://p:1", "--relay", "http://r:2", "18500",
+                                      "--main", "http://m:3", "--tokenizer", "x"])
+    (p,) = _peer_args(args.prefill, "prefill", 8998, "--prefill")
+    (r,) = _peer_args(args.relay, "relay", None, "--relay")
+    assert p.bootstrap_port == 8998 and r.token_channel == "tcp://r:18500"
+    with pytest.raises(SystemExit, match="token-channel port"):
+        _peer_args([["http://r:2"]], "relay", None, "--relay")
+    with pytest.raises(SystemExit, match="expected URL"):
+        _peer_args([["r:2"]], "prefill", 8998, "--prefill")
