@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import time
 
@@ -59,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     from sglang_pdd.bench.report import text_table, write_reports
     from sglang_pdd.bench.runner import run_bench
 
+    # SIGTERM (e.g. `timeout`) unwinds like Ctrl-C: servers stopped, testbed down.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     out = args.out or os.path.join("runs", f"bench-{preset.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     run = run_bench(systems, preset, out, args.artifacts, args.prefix, show_progress=not args.no_progress)
     paths = write_reports(run, out)
