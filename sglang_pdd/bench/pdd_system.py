@@ -1,109 +1,89 @@
-"""`pdd`: the PDD pipeline driven by hand (no PDD router yet), registered as a bench system.
+"""The PDD pipeline as bench systems: P and RLD in cluster A, MD in cluster B, the PDD router in A.
 
-P (`--pdd-role prefill`) and RLD (`--pdd-role relay`) in cluster A, MD (`--pdd-role main` with the
-decode radix cache) in cluster B; every server gets the same `SGLANG_PDD_SECRET`. The client does
-the router's job the way `sglang_pdd.testing.pdd_client.relayed_generate` does (P gets a second
-request for MD's room unless `FANOUT`), except that RLD's answer is *streamed*, so TTFT is the
-first token RLD streams. Every request takes P -> RLD -> MD (no routing policy: the P -> MD
-shortcut for high-hit requests waits for the router). End-to-end is when MD (or RLD, if it finished
-the request itself) is done; the output is RLD's t1..tk followed by MD's tokens from k.
+* `pdd`: the PDD router with `--pipeline auto` (its pipeline policy picks P->MD when MD's missed
+  KV is predicted to cross the WAN within `--wan-budget-s`, else P->RLD->MD, or P->RLD for odd
+  traffic); told the testbed's link (`--wan-mbit`, `--wan-rtt-ms`) and the model's KV size.
+* `pdd-relay`: the same servers, `--pipeline relay`: every request P->RLD->MD.
+
+P runs `--pdd-role prefill`, RLD `--pdd-role relay --pdd-token-port`, MD `--pdd-role main` with the
+decode radix cache; every server gets the same `SGLANG_PDD_SECRET` (fresh per start). The client
+streams from the router exactly as for the baselines.
 """
 
 from __future__ import annotations
 
 import logging
-import random
 import secrets
-import threading
-import time
+from typing import ClassVar
 
-from sglang_pdd.bench.client import StreamResult, stream
-from sglang_pdd.bench.systems import (BOOTSTRAP_PORT, DECODE_PORT, PREFILL_PORT, Deployment, InNamespace,
-                                      UpstreamPD, register)
-from sglang_pdd.protocol.request import RequestParams
-from sglang_pdd.testing.client import generate
-from sglang_pdd.testing.launch_args import ServerConfig
+from sglang_pdd.bench.systems import (BOOTSTRAP_PORT, DECODE_PORT, PREFILL_PORT, ROUTER_PORT, Deployment,
+                                      InNamespace, UpstreamPD, register)
+from sglang_pdd.testing.launch_args import PddRouterConfig, ServerConfig
 from sglang_pdd.testing.servers import ServerGroup
 
 logger = logging.getLogger(__name__)
 
 RELAY_PORT, TOKEN_PORT = 30250, 18500
+WAN_EFFICIENCY = 0.946  # TCP goodput / configured rate on the testbed (docs/testbed.md)
 
 
-def with_params(body: dict, params: RequestParams) -> dict:
-    sp = dict(body.get("sampling_params") or {})
-    sp["custom_params"] = {**(sp.get("custom_params") or {}), **params.to_custom_params()}
-    return {**body, "sampling_params": sp}
+def router_link_args(testbed, kv_bytes_per_token: int | None) -> list[str]:
+    """What the PDD router is told about the link: the testbed's configured rate and RTT."""
+    cfg = getattr(testbed, "config", None)
+    rate = getattr(cfg, "rate_mbit", None)
+    delay = getattr(cfg, "delay_ms", None)
+    args = []
+    if rate:
+        args += ["--wan-mbit", f"{rate * WAN_EFFICIENCY:g}"]
+    if delay is not None:
+        args += ["--wan-rtt-ms", f"{2 * delay:g}"]
+    if kv_bytes_per_token:
+        args += ["--kv-bytes-per-token", str(kv_bytes_per_token)]
+    return args
 
 
-@register("pdd")
-class PddHandDriven(UpstreamPD):
-    name = "pdd"
-    sim_name = "pdd-one-shot"
-    description = "PDD P->RLD->MD for every request, hand-driven client (no PDD router yet)"
-    FANOUT = False  # the path the handoff e2e tests pin; True = P's fan-out sender feeds MD
+class PddRouted(UpstreamPD):
+    pipeline: ClassVar[str] = "auto"
 
     def start(self, dep: Deployment) -> None:
         tb = self._tb = dep.testbed
         a_ns, b_ns = tb.ns("A"), tb.ns("B")
-        self._a, b = tb.addr("A"), tb.addr("B")
+        a, b = tb.addr("A"), tb.addr("B")
         env = {"SGLANG_PDD_SECRET": secrets.token_hex(16)}
         common = dict(model=dep.model, bootstrap_port=BOOTSTRAP_PORT, env=env)
         g = self._group = ServerGroup(dep.log_dir)
-        self._prefill = g.start("prefill", InNamespace(ServerConfig(
-            port=PREFILL_PORT, host=self._a, nccl_port=PREFILL_PORT + 1000, mode="prefill",
+        p = self._prefill = g.start("prefill", InNamespace(ServerConfig(
+            port=PREFILL_PORT, host=a, nccl_port=PREFILL_PORT + 1000, mode="prefill",
             extra=["--pdd-role", "prefill"], **common), a_ns))
-        self._relay = g.start("relay", InNamespace(ServerConfig(
-            port=RELAY_PORT, host=self._a, nccl_port=RELAY_PORT + 1000, mode="decode",
+        rld = g.start("relay", InNamespace(ServerConfig(
+            port=RELAY_PORT, host=a, nccl_port=RELAY_PORT + 1000, mode="decode",
             extra=["--pdd-role", "relay", "--pdd-token-port", str(TOKEN_PORT)], **common), a_ns))
-        self._main = g.start("main", InNamespace(ServerConfig(
+        md = g.start("main", InNamespace(ServerConfig(
             port=DECODE_PORT, host=b, nccl_port=DECODE_PORT + 1000, mode="decode", decode_radix_cache=True,
             extra=["--pdd-role", "main"], **common), b_ns))
-        a_ns.call(self._prefill.wait_ready)
-        a_ns.call(self._relay.wait_ready)
-        b_ns.call(self._main.wait_ready)
-        self._router = self._relay  # `url`: where the first tokens come from
-        logger.info("pdd up: P %s, RLD %s (token channel :%d), MD %s", self._prefill.url, self._relay.url,
-                    TOKEN_PORT, self._main.url)
+        a_ns.call(p.wait_ready)
+        a_ns.call(rld.wait_ready)
+        b_ns.call(md.wait_ready)
+        self._router = g.start("router", InNamespace(PddRouterConfig(
+            prefill=[(p.url, BOOTSTRAP_PORT)], relay=[(rld.url, TOKEN_PORT)], main=[md.url], tokenizer=dep.model,
+            port=ROUTER_PORT, host=a, pipeline=self.pipeline,
+            extra=router_link_args(tb, dep.kv_bytes_per_token)), a_ns))
+        a_ns.call(self._router.wait_ready)
+        logger.info("%s up: P %s, RLD %s (token channel :%d), MD %s, router %s (pipeline %s)", self.name,
+                    p.url, rld.url, TOKEN_PORT, md.url, self._router.url, self.pipeline)
 
-    def send(self, body: dict, timeout_s: float) -> StreamResult:
-        room, room2 = random.getrandbits(63), random.getrandbits(63)
-        boot = {"bootstrap_host": self._a, "bootstrap_port": BOOTSTRAP_PORT}
-        to_relay = {**body, **boot, "bootstrap_room": room}
-        to_main = with_params({**body, **boot, "bootstrap_room": room2},
-                              RequestParams(v=1, relay_room=room, relay=f"tcp://{self._a}:{TOKEN_PORT}"))
-        calls = [("main", self._main.url, to_main)]
-        if self.FANOUT:
-            calls.append(("prefill", self._prefill.url, with_params(to_relay, RequestParams(v=1, main_room=room2))))
-        else:
-            calls += [("prefill", self._prefill.url, to_relay), ("prefill_main", self._prefill.url, to_main)]
-        results: dict[str, object] = {}
-        t0 = time.monotonic()
 
-        def call(name: str, url: str, b: dict) -> None:
-            try:
-                results[name] = generate(url, b, timeout=timeout_s)
-            except Exception as e:  # reported below
-                results[name] = e
-            results[name + "_s"] = time.monotonic() - t0
+@register("pdd")
+class Pdd(PddRouted):
+    name = "pdd"
+    sim_name = "pdd-bw"
+    description = "PDD: P+RLD in A, MD (radix cache) in B, PDD router (pipeline auto) in A"
+    pipeline = "auto"
 
-        threads = [threading.Thread(target=call, args=c, daemon=True) for c in calls]
-        for t in threads:
-            t.start()
-        relay = stream(self._relay.url, to_relay, timeout_s)
-        relay_done = time.monotonic() - t0
-        for t in threads:
-            t.join(timeout_s)
-        if not relay.ok:
-            return relay
-        main = results.get("main")
-        if relay.finish_reason.get("type") == "pdd_handoff":
-            k = int(relay.finish_reason["handoff_tokens"])
-            if not isinstance(main, dict):
-                return StreamResult(False, error=f"main: {main}")
-            ids = relay.output_ids[:k] + list(main["output_ids"])[k:]
-            e2e = float(results["main_s"])
-        else:  # RLD finished the request itself
-            ids, e2e = relay.output_ids, relay_done
-        return StreamResult(True, ttft_s=relay.ttft_s, e2e_s=e2e, prompt_tokens=relay.prompt_tokens,
-                            output_tokens=len(ids), cached_tokens=relay.cached_tokens, output_ids=ids)
+
+@register("pdd-relay")
+class PddRelay(PddRouted):
+    name = "pdd-relay"
+    sim_name = "pdd-one-shot"
+    description = "PDD, every request P->RLD->MD (PDD router, pipeline relay)"
+    pipeline = "relay"

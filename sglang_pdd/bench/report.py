@@ -89,7 +89,8 @@ def report_dict(run) -> dict:
         "model": run.model_info.get("spec", {}) | {"kv_bytes_per_token": run.model_info.get("kv_bytes_per_token")},
         "trace": os.path.basename(run.trace_path),
         "runtime_s": run.runtime_s,
-        "client": "upstream sglang-router (mini-lb) in cluster A; client threads in cluster A",
+        "client": "client threads in cluster A stream /generate from each system's router in A "
+                  "(upstream mini-lb for the baselines, the PDD router for pdd*)",
         "systems": {s.name: {
             "sim_name": s.sim_name, "description": s.description, "startup_s": s.startup_s,
             "warmup_failed": s.warmup_failed, "error": s.error, "cpu_s": s.cpu_s,

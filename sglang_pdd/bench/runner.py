@@ -60,14 +60,15 @@ def _delta(after: dict[str, int], before: dict[str, int]) -> tuple[int, int]:
 
 
 def run_system(name: str, tb, model_dir: str, reqs: list[WorkloadRequest], preset: Preset,
-               vocab_size: int, log_root: str, show_progress: bool = True) -> SystemRun:
+               vocab_size: int, log_root: str, show_progress: bool = True,
+               kv_bytes_per_token: int | None = None) -> SystemRun:
     system = make_system(name)
     log_dir = os.path.join(log_root, name)
     run = SystemRun(name, system.sim_name, system.description, None, log_dir=log_dir)
     client_ns = tb.ns(system.client_side)
     t0 = time.monotonic()
     try:
-        system.start(Deployment(tb, model_dir, log_dir))
+        system.start(Deployment(tb, model_dir, log_dir, kv_bytes_per_token))
         run.startup_s = time.monotonic() - t0
         logger.info("%s: servers up in %.1f s; %d warm-ups", name, run.startup_s,
                     sum(r.warmup for r in reqs))
@@ -115,5 +116,5 @@ def run_bench(systems: list[str], preset: Preset, out_dir: str, artifacts: str, 
                    **asdict(link)}
         for name in systems:
             runs.append(run_system(name, tb, model_dir, reqs, preset, preset.workload.vocab_size,
-                                   os.path.join(out_dir, "logs"), show_progress))
+                                   os.path.join(out_dir, "logs"), show_progress, info.get("kv_bytes_per_token")))
     return BenchRun(preset, trace_path, model_dir, info, runs, time.monotonic() - t0, tb_info)

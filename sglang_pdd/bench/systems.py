@@ -10,7 +10,7 @@ behind the upstream router (`sglang_router --pd-disaggregation --mini-lb`) in cl
 * `cross-dc-drc`: decode in cluster B with `--disaggregation-decode-enable-radix-cache`.
 
 New systems join with `@register("name")` on a `System` subclass, in a module listed in
-`EXTRA_SYSTEM_MODULES`: `pdd` (bench/pdd_system.py) is the PDD pipeline driven by hand.
+`EXTRA_SYSTEM_MODULES`: `pdd` and `pdd-relay` (bench/pdd_system.py) are the PDD pipeline.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ class Deployment:
     testbed: object  # sglang_pdd.testbed.Testbed (duck-typed: ns(side), addr(side))
     model: str
     log_dir: str
+    kv_bytes_per_token: int | None = None
 
 
 @dataclass

@@ -80,18 +80,22 @@ def test_kv_bytes_are_summed_over_peers_and_exclude_aux():
     assert S.kv_bytes_sent("") == 0
 
 
-def test_pdd_joins_the_registry_marked_as_hand_driven():
-    pdd = S.make_system("pdd")
-    assert pdd.sim_name in SYSTEM_NAMES and "hand-driven" in pdd.description
+def test_pdd_systems_join_the_registry():
+    for name, pipeline in (("pdd", "auto"), ("pdd-relay", "relay")):
+        sys_ = S.make_system(name)
+        assert sys_.sim_name in SYSTEM_NAMES and sys_.pipeline == pipeline and sys_.client_side == "A"
     assert S.parse_systems("same-dc,pdd") == ["same-dc", "pdd"]
 
 
-def test_pdd_request_params_ride_in_custom_params_without_touching_the_body():
-    from sglang_pdd.bench.pdd_system import with_params
-    from sglang_pdd.protocol.request import RequestParams, parse
+def test_pdd_router_is_told_the_testbed_link_and_the_kv_size():
+    from sglang_pdd.bench.pdd_system import router_link_args
+    from sglang_pdd.testbed.config import LinkConfig
 
-    body = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 4, "custom_params": {"x": 1}}}
-    out = with_params(body, RequestParams(v=1, relay_room=7, relay="tcp://10.77.0.1:18500"))
-    assert body["sampling_params"] == {"max_new_tokens": 4, "custom_params": {"x": 1}}
-    cp = out["sampling_params"]["custom_params"]
-    assert cp["x"] == 1 and parse(cp) == RequestParams(v=1, relay_room=7, relay="tcp://10.77.0.1:18500")
+    class FakeTestbed:
+        config = LinkConfig(20.0, 0.0, 100.0, 0.0, "auto")
+
+    args = router_link_args(FakeTestbed(), 16384)
+    assert args[args.index("--wan-rtt-ms") + 1] == "40"
+    assert 90 <= float(args[args.index("--wan-mbit") + 1]) <= 100
+    assert args[args.index("--kv-bytes-per-token") + 1] == "16384"
+    assert router_link_args(object(), None) == []
