@@ -8,7 +8,7 @@ send to last completion). A failed request never meets the SLA.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Iterable, Sequence
 
 from sglang_pdd.bench.presets import Sla
@@ -87,7 +87,6 @@ class Summary:
     wan_bytes_per_request: float
     kv_bytes_per_request: float | None
     output_tokens: int
-    extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
