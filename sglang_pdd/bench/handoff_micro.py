@@ -11,7 +11,8 @@ recompute. The two ends run as processes in their namespaces (`handoff_peers`); 
 measured on MD's clock, from MD sending `Ready(room)`:
 
   ids        Ready -> Tokens(ids) arrives (transfer), then one extend forward of the k tokens over a
-             cached prefix of --prefix-tokens (recompute); total = transfer + recompute
+             cached prefix of --prefix-tokens (recompute: sglang's ModelRunner, or
+             transformers with --recompute transformers); total = transfer + recompute
   kv_paged   Ready -> RLD writes the k tokens' KV as layers x 2 x k slices (sglang at page size 1)
              -> Tokens arrives; the KV is then already in MD's pool
   kv_packed  the same as one packed slice; + pack on RLD (inside the transfer) and unpack on MD
@@ -220,7 +221,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                               "scenarios": {}}
     with Testbed(args.prefix, delay_ms=args.delay_ms, jitter_ms=args.jitter_ms, rate_mbit=args.rate_mbit) as tb:
         md = _Peer(tb.ns("B").argv([*peer_argv, "md", "--host", tb.addr("B"), "--setup", json.dumps(asdict(setup)),
-                                    "--model-dir", model_dir]), env)
+                                    "--model-dir", model_dir, "--recompute", args.recompute,
+                                    "--threads", str(args.threads)]), env)
         rld: _Peer | None = None
         try:
             md_info = md.read(120)
@@ -352,6 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--paths", type=_csv(PATHS), default=list(PATHS))
     ap.add_argument("--kv-layers", type=int, default=0,
                     help="layers of the KV the KV paths ship (default: the model's); 12 ~ the paper's 4649 KB")
+    ap.add_argument("--recompute", choices=["sglang", "transformers"], default="sglang",
+                    help="MD's recompute engine: sglang's ModelRunner in-process, or transformers")
+    ap.add_argument("--threads", type=int, default=0, help="MD's torch threads (0: torch's default)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--prefix", default="pdhm", help="testbed namespace prefix")
     ap.add_argument("--artifacts", default=os.environ.get("SGLANG_PDD_ARTIFACTS", ".artifacts"),

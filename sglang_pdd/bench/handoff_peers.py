@@ -18,7 +18,7 @@ channel (`RelayChannel`), according to the path the room number encodes (`room %
   kv_packed  `pack_kv` into the staging buffer, one slice into MD's staging buffer, then `Tokens`
 
 MD (`MainChannel`) sends `Ready(room)` and waits for `Tokens`; on the ids path it then recomputes the
-eager tokens' KV in one extend forward over a cached prefix (`Recompute`), on the packed path it
+eager tokens' KV in one extend forward over a cached prefix (`handoff_recompute`), on the packed path it
 unpacks into its pool. Both ends derive the eager token IDs and their own slots from the seed, which
 stands for what sglang exchanges at bootstrap (MD's slot list) and is not timed here.
 """
@@ -116,51 +116,6 @@ def paged_slices(src_base: int, dst_base: int, buffer_bytes: int, buffers: int, 
     return srcs, dsts, lens
 
 
-class Recompute:
-    """MD's extend forward of the eager tokens over a cached prefix (transformers, in-place KV).
-
-    The prefix KV is computed once into a `StaticCache` sized prefix + tokens; every call writes the k
-    new tokens' KV into the slots after the prefix (in place, like sglang's pool) and attends over
-    prefix + themselves, computing logits for the last position only, as an EXTEND batch does."""
-
-    def __init__(self, model_dir: str, prefix_ids: list[int], tokens: int):
-        from transformers import AutoModelForCausalLM, StaticCache
-
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-        self.prefix = len(prefix_ids)
-        self.cache = StaticCache(config=self.model.config, max_cache_len=self.prefix + tokens)
-        self.positions = torch.arange(self.prefix, self.prefix + tokens)
-        with torch.inference_mode():
-            self.model(torch.tensor([prefix_ids]), past_key_values=self.cache,
-                       cache_position=torch.arange(self.prefix), use_cache=True, logits_to_keep=1)
-        self._prefix_ids = prefix_ids
-
-    def _rewind(self) -> None:
-        for layer in self.cache.layers:
-            layer.cumulative_length.fill_(self.prefix)
-
-    def __call__(self, ids: list[int]) -> torch.Tensor:
-        """The last position's logits (MD samples its first own token from them)."""
-        with torch.inference_mode():
-            out = self.model(torch.tensor([ids]), past_key_values=self.cache,
-                             cache_position=self.positions[: len(ids)], use_cache=True, logits_to_keep=1)
-        self._rewind()
-        return out.logits[0, -1]
-
-    def check(self, ids: list[int]) -> float:
-        """Max |logit difference| between the extend over the cached prefix and a full forward."""
-        with torch.inference_mode():
-            full = self.model(torch.tensor([self._prefix_ids + ids]), logits_to_keep=1).logits[0, -1]
-        return float((self(ids) - full).abs().max())
-
-    @property
-    def engine_name(self) -> str:
-        import transformers
-
-        return (f"transformers {transformers.__version__} ({self.model.config._attn_implementation}), "
-                f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-
-
 def _emit(obj: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()
@@ -254,15 +209,16 @@ def _wait_tokens(chan: Any, addr: str, room: int, timeout_s: float) -> Any:
     raise TimeoutError(f"no Tokens for room {room} from {addr} in {timeout_s} s")
 
 
-def run_md(host: str, model_dir: str, setup: Setup, timeout_s: float) -> None:
+def run_md(host: str, model_dir: str, setup: Setup, engine: str, timeout_s: float) -> None:
     from sglang_pdd.kernels.kv_pack import unpack_kv
     from sglang_pdd.protocol.channel import MainChannel
+    from sglang_pdd.bench.handoff_recompute import make_recompute
     from sglang_pdd.protocol.messages import Ready
 
     pool = KvPool(host, setup, fill=False)
     _emit(pool.describe())
     ids = setup.eager_ids()
-    recompute = Recompute(model_dir, setup.prefix_ids(), setup.tokens)
+    recompute = make_recompute(engine, model_dir, setup.prefix_ids(), setup.tokens)
     check = recompute.check(ids)
     dst_slots = setup.slots("md")
     addr = json.loads(_next_json_line())["channel"]
@@ -278,6 +234,8 @@ def run_md(host: str, model_dir: str, setup: Setup, timeout_s: float) -> None:
         for _ in range(cmd["rounds"]):
             room = room_for(seq, cmd["path"])
             seq += 1
+            if cmd["path"] == "ids":
+                recompute.prepare()  # untimed: MD's prefix is cached before the handoff starts
             t0 = time.perf_counter()
             chan.send(addr, Ready(room=room))
             msg = _wait_tokens(chan, addr, room, timeout_s)
@@ -316,13 +274,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--setup", required=True, help="JSON of Setup")
     ap.add_argument("--peer", help="rld: MD's Mooncake session and buffers (JSON)")
     ap.add_argument("--model-dir", help="md: the model directory")
+    ap.add_argument("--recompute", choices=["sglang", "transformers"], default="sglang")
+    ap.add_argument("--threads", type=int, default=0, help="md: torch threads (0: torch's default)")
     ap.add_argument("--timeout-s", type=float, default=60.0)
     args = ap.parse_args(argv)
     setup = Setup(**json.loads(args.setup))
     if args.role == "rld":
         run_rld(args.host, json.loads(args.peer), setup)
     else:
-        run_md(args.host, args.model_dir, setup, args.timeout_s)
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        run_md(args.host, args.model_dir, setup, args.recompute, args.timeout_s)
     return 0
 
 

@@ -3,6 +3,7 @@
 import statistics
 
 import pytest
+import torch
 
 from sglang_pdd.bench import handoff_micro as hm
 from sglang_pdd.bench.handoff_peers import PATHS, Setup, paged_slices, path_of, room_for
@@ -120,3 +121,26 @@ def test_csv_option_rejects_unknown_names():
     assert parse("ids,kv_packed") == ["ids", "kv_packed"]
     with pytest.raises(Exception):
         parse("ids,rdma")
+
+
+def test_unknown_recompute_engine_is_refused():
+    from sglang_pdd.bench.handoff_recompute import make_recompute
+
+    with pytest.raises(ValueError):
+        make_recompute("vllm", "unused", [1, 2], 1)
+
+
+def test_transformers_recompute_extends_over_the_cached_prefix_and_rewinds(tiny_model):
+    from sglang_pdd.bench.handoff_recompute import TransformersRecompute
+
+    setup = Setup(tokens=8, prefix_tokens=64, pool_slots=64, seed=1, layers=4, kv_heads=8, head_dim=64, vocab=2048)
+    rc = TransformersRecompute(tiny_model, setup.prefix_ids(), setup.tokens)
+    assert rc.check(setup.eager_ids()) < 1e-4
+    rc.prepare()
+    first = rc(setup.eager_ids())
+    rc.prepare()
+    again = rc(setup.eager_ids())
+    rc.prepare()
+    other = rc(list(reversed(setup.eager_ids())))
+    assert torch.equal(first, again)       # prepare() rewound: the same KV slots were overwritten
+    assert not torch.equal(first, other)   # and the output depends on the handed-over IDs
