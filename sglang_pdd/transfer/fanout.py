@@ -225,7 +225,7 @@ class FanoutSender:
             return
         status = self.main.poll()
         if status == Poll.Failed:
-            self._end_main(f"main transfer failed ({self._failure_reason()})")
+            self._end_main("main transfer failed (aborted by the main decode, or a write to it failed)")
             return
         if self.main_state is MainState.WAITING:
             if status == Poll.Bootstrapping:
@@ -307,10 +307,6 @@ class FanoutSender:
         if self.ctx.rooms.outstanding(self.main_room) == 0:
             self.main_state = MainState.DONE
         logger.debug("fanout room %s: main room %s ended: %s", self.bootstrap_room, self.main_room, outcome)
-
-    def _failure_reason(self) -> str:
-        reason = getattr(self.main, "failure_reason", None)
-        return reason() if callable(reason) else "see the transfer log"
 
     def _release_main(self) -> None:
         if self._main_released:

@@ -18,6 +18,7 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import threading
 import time
@@ -51,6 +52,7 @@ class Fanout:
     page_size: int
     kvb: int  # KV bytes per token
     knobs: str  # P's test-knobs file
+    main_cached: list  # token sequences the main decode's radix cache holds (prompt + output but the last)
 
     def set_knobs(self, **knobs) -> None:
         with open(self.knobs + ".tmp", "w") as f:
@@ -59,6 +61,25 @@ class Fanout:
 
     def pages_bytes(self, tokens: int) -> int:
         return math.ceil(tokens / self.page_size) * self.page_size * self.kvb
+
+    def main_served(self, ids: list[int], result) -> None:
+        if isinstance(result, dict) and result["meta_info"]["finish_reason"]["type"] != "abort":
+            self.main_cached.append(list(ids) + result["output_ids"][:-1])
+
+    def main_prefix(self, ids: list[int]) -> int:
+        """The main decode's radix-cache hit for `ids`: the longest cached prefix, in whole pages."""
+        best = 0
+        for seq in self.main_cached:
+            n = 0
+            for a, b in zip(ids, seq[: len(seq) // self.page_size * self.page_size]):
+                if a != b:
+                    break
+                n += 1
+            best = max(best, n)
+        return best // self.page_size * self.page_size
+
+    def main_miss_bytes(self, ids: list[int]) -> int:
+        return self.pages_bytes(len(ids)) - self.main_prefix(ids) * self.kvb
 
 
 def start_fanout(log_dir: str, model: str, *, page_size: int, base: int, boot: int):
@@ -75,7 +96,7 @@ def start_fanout(log_dir: str, model: str, *, page_size: int, base: int, boot: i
         port=base + 2, nccl_port=base + 1002, mode="decode", decode_radix_cache=True, **common))
     for s in (p, relay, main):
         s.wait_ready()
-    return group, Fanout(p, relay, main, boot, page_size, kv_bytes_per_token(model), knobs)
+    return group, Fanout(p, relay, main, boot, page_size, kv_bytes_per_token(model), knobs, [])
 
 
 @pytest.fixture(scope="class")
@@ -134,6 +155,8 @@ def fanout_generate(fan: Fanout, ids: list[int], *, send_main: bool = True, afte
         after_relay(out)
     for t in threads.values():
         t.join()
+    if send_main:
+        fan.main_served(ids, out["main"])
     return out
 
 
@@ -176,43 +199,30 @@ def assert_prefill_idle(fan: Fanout, wait_s: float = 60.0) -> None:
 
 
 def conversation_bytes(fan: Fanout, reference, prompts, seed: int) -> dict:
-    """Turn 1 (main cold), turn 2 (history + new text), and the turn-1 prompt again."""
-    ps, figures = fan.page_size, {}
+    """Turn 1, turn 2 (history + new text), and the turn-1 prompt again; the main's KV bytes are
+    exactly the pages past its radix-cache hit, the relay's the whole prompt."""
+    figures = {}
     first = prompts.ids(400, seed=seed)
-    before = path_bytes(fan)
-    r1 = fanout_generate(fan, first)
-    out1 = ids_of(r1["relay"])
-    after = path_bytes(fan)
-    expected1 = greedy_ids(reference.url, first, NEW_TOKENS)
-    assert out1 == expected1 and ids_of(r1["main"]) == expected1
-    assert moved(before, after, "relay") == fan.pages_bytes(len(first))
-    assert moved(before, after, "main") == fan.pages_bytes(len(first))  # cold main cache: everything
-    figures["turn1"] = {"tokens": len(first), "relay_kv": moved(before, after, "relay"),
-                        "main_kv": moved(before, after, "main"), "main_aux": moved(before, after, "main", "aux")}
-
-    second = first + out1 + prompts.ids(60, seed=seed + 1)
-    cached = (len(first) + len(out1) - 1) // ps * ps  # main cached turn 1's prompt and output but the last
-    before = after
-    r2 = fanout_generate(fan, second)
-    after = path_bytes(fan)
-    expected2 = greedy_ids(reference.url, second, NEW_TOKENS)
-    assert ids_of(r2["relay"]) == expected2 and ids_of(r2["main"]) == expected2
-    assert moved(before, after, "relay") == fan.pages_bytes(len(second))
-    main_kv = moved(before, after, "main")
-    assert main_kv == fan.pages_bytes(len(second)) - cached * fan.kvb, (main_kv, cached)
-    assert moved(before, after, "main", "aux") > 0
-    figures["turn2"] = {"tokens": len(second), "main_prefix": cached, "relay_kv": moved(before, after, "relay"),
-                        "main_kv": main_kv}
-
-    before = after
-    r3 = fanout_generate(fan, first)
-    after = path_bytes(fan)
-    assert ids_of(r3["relay"]) == expected1 and ids_of(r3["main"]) == expected1
-    assert moved(before, after, "relay") == fan.pages_bytes(len(first))
-    repeat_kv = moved(before, after, "main")
-    assert repeat_kv == fan.pages_bytes(len(first)) - len(first) // ps * ps * fan.kvb  # 0 when page-aligned
-    assert moved(before, after, "main", "aux") > 0  # the metadata row (first token) still goes
-    figures["repeat"] = {"tokens": len(first), "relay_kv": moved(before, after, "relay"), "main_kv": repeat_kv}
+    second = None
+    for turn in ("turn1", "turn2", "repeat"):
+        ids = {"turn1": first, "turn2": second, "repeat": first}[turn]
+        expected_prefix = fan.main_prefix(ids)
+        before = path_bytes(fan)
+        r = fanout_generate(fan, ids)
+        after = path_bytes(fan)
+        expected = greedy_ids(reference.url, ids, NEW_TOKENS)
+        assert ids_of(r["relay"]) == expected and ids_of(r["main"]) == expected, turn
+        relay_kv, main_kv = moved(before, after, "relay"), moved(before, after, "main")
+        assert relay_kv == fan.pages_bytes(len(ids)), turn
+        assert main_kv == fan.pages_bytes(len(ids)) - expected_prefix * fan.kvb, (turn, main_kv, expected_prefix)
+        assert moved(before, after, "main", "aux") > 0, turn  # the metadata row always goes
+        figures[turn] = {"tokens": len(ids), "main_prefix": expected_prefix, "relay_kv": relay_kv,
+                         "main_kv": main_kv, "main_aux": moved(before, after, "main", "aux")}
+        if turn == "turn1":
+            second = first + ids_of(r["relay"]) + prompts.ids(60, seed=seed + 1)
+    # turn 2: the main cached turn 1's prompt and output but its last token: it gets the appended text
+    assert figures["turn2"]["main_prefix"] == (len(first) + NEW_TOKENS - 1) // fan.page_size * fan.page_size
+    assert figures["repeat"]["main_prefix"] == len(first) // fan.page_size * fan.page_size
     assert_prefill_idle(fan)
     return figures
 
@@ -247,15 +257,17 @@ class TestPageSize1:
         room = random.getrandbits(63)
         body = {**greedy_body(ids, NEW_TOKENS), "bootstrap_host": "127.0.0.1",
                 "bootstrap_port": fan1.bootstrap_port, "bootstrap_room": room}
+        expected_kv = fan1.main_miss_bytes(ids)
         before = path_bytes(fan1)
         got: dict = {}
         t = threading.Thread(target=lambda: got.update(p=generate(fan1.prefill.url, body)))
         t.start()
-        out = generate(fan1.main.url, body)["output_ids"]  # the main decode as a plain PD decode
+        res = generate(fan1.main.url, body)  # the main decode as a plain PD decode
         t.join()
+        fan1.main_served(ids, res)
         after = path_bytes(fan1)
-        assert out == greedy_ids(reference_server.url, ids, NEW_TOKENS)
-        assert moved(before, after, "direct") == fan1.pages_bytes(len(ids))
+        assert res["output_ids"] == greedy_ids(reference_server.url, ids, NEW_TOKENS)
+        assert moved(before, after, "direct") == expected_kv
         assert moved(before, after, "main") == 0 and moved(before, after, "relay") == 0
         assert_prefill_idle(fan1)
 
@@ -286,6 +298,27 @@ class TestPageSize1:
         assert_prefill_idle(fan1)
         FIGURES["never_bootstraps"] = {"relay_done_s": r["relay_s"], "prefill_released_s": r["prefill_s"],
                                        "timeout_s": MAIN_BOOTSTRAP_TIMEOUT}
+
+    def test_slow_main_still_gets_its_kv_and_the_relay_is_served_from_stock_queues(
+            self, fan1, reference_server, prompts):
+        ids = prompts.ids(350, seed=845)
+        expected_main_kv = fan1.main_miss_bytes(ids)
+        fan1.set_knobs(main_write_delay=SLOW_MAIN_WRITE)
+        try:
+            before = path_bytes(fan1)
+            r = fanout_generate(fan1, ids)
+            after = path_bytes(fan1)
+        finally:
+            fan1.set_knobs()
+        expected = greedy_ids(reference_server.url, ids, NEW_TOKENS)
+        assert ids_of(r["relay"]) == expected and ids_of(r["main"]) == expected
+        # "main" bytes are only ever counted on a main lane's thread, "relay" bytes never are: the
+        # slow write ran on its own lane, not on a queue the relay's chunks wait on.
+        assert moved(before, after, "main") == expected_main_kv
+        assert moved(before, after, "relay") == fan1.pages_bytes(len(ids))
+        assert_prefill_idle(fan1)
+        FIGURES["slow_main"] = {"relay_done_s": r["relay_s"], "main_done_s": r["main_s"],
+                                "prefill_released_s": r["prefill_s"], "slow_write_s": SLOW_MAIN_WRITE}
 
     def test_main_aborted_mid_transfer_leaves_the_relay_correct(self, fan1, reference_server, prompts):
         ids = prompts.ids(500, seed=850)
@@ -319,9 +352,9 @@ class TestPageSize1:
         assert not isinstance(r["prefill"], Exception), r["prefill"]
         assert isinstance(r["main"], (Exception, dict))
         assert_prefill_idle(fan1)
+        dead_write = re.search(r"Session \S+ failed\.", fan1.prefill.log_text())  # stock Mooncake's line
         FIGURES["main_killed"] = {"relay_done_s": r["relay_s"], "prefill_released_s": r["prefill_s"],
-                                  "slow_write_s": SLOW_MAIN_WRITE,
-                                  "write_to_dead_main_failed": "Failed to send kv chunk" in fan1.prefill.log_text()}
+                                  "slow_write_s": SLOW_MAIN_WRITE, "write_to_dead_main_failed": bool(dead_write)}
 
 
 # ---- page size 16 --------------------------------------------------------------------------------
@@ -339,6 +372,7 @@ class TestPageSize16:
             expected = greedy_ids(reference_server.url, ids, NEW_TOKENS)
             if len(set(expected)) >= 4:
                 break
+        expected_main_kv = fan16.main_miss_bytes(ids)
         fan16.set_knobs(main_extra_skip_pages=1)
         try:
             before = path_bytes(fan16)
@@ -347,6 +381,7 @@ class TestPageSize16:
         finally:
             fan16.set_knobs()
         assert ids_of(r["relay"]) == expected
-        assert moved(before, after, "main") == fan16.pages_bytes(len(ids)) - 16 * fan16.kvb  # the byte check fails
+        main_kv = moved(before, after, "main")
+        assert main_kv == expected_main_kv - 16 * fan16.kvb and main_kv != expected_main_kv  # the byte check fails
         assert ids_of(r["main"]) != expected  # and so does the token check
         assert_prefill_idle(fan16)
