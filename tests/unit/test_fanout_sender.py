@@ -224,3 +224,17 @@ def test_other_attributes_are_the_relays():
 def test_poll_mirror_equals_sglangs_kvpoll():
     base = pytest.importorskip("sglang.srt.disaggregation.base")
     assert {p.name: int(p) for p in Poll} == {p.name: getattr(base.KVPoll, p.name) for p in Poll}
+
+
+def test_host_index_events_travel_with_their_chunk_to_both_legs():
+    s, relay, main, *_ = make(main_prefix=1)
+    bootstrap_relay(s, relay, 4)
+    ev1, ev2 = object(), object()
+    s.send(pages(0, 2), indices_event=ev1)
+    s.send(pages(2, 4), indices_event=ev2)
+    main.bootstrap()
+    s.poll()
+    assert [x.extra for x in relay.sent] == [{"indices_event": ev1}, {"indices_event": ev2}]
+    assert [x.extra for x in main.sent] == [{"indices_event": ev1}, {"indices_event": ev2}]
+    assert main.pages() == [1, 2, 3]
+
