@@ -42,7 +42,7 @@ def prompt_ids(tokenizer, req: dict, chat: bool) -> list[int]:
         if not isinstance(msgs, list) or not msgs:
             raise BadRequest("messages must be a non-empty list")
         ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict):  # BatchEncoding in newer transformers
+        if hasattr(ids, "keys"):  # a BatchEncoding (a UserDict) in newer transformers
             ids = ids["input_ids"]
         return list(ids)
     prompt = req.get("prompt")
