@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sglang_pdd.bench.handoff_peers import PATHS, Setup, room_for
+from sglang_pdd.bench.handoff_peers import PATHS, Setup
 from sglang_pdd.protocol import messages
 from sglang_pdd.protocol.auth import MAC_LEN
 
@@ -216,9 +216,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                   args.kv_layers or spec.layers, spec.kv_heads, spec.head_dim, spec.vocab)
     peer_argv = [sys.executable, "-m", "sglang_pdd.bench.handoff_peers"]
     env = _env(secrets.token_hex(16))
-    report: dict[str, Any] = {"setup": asdict(setup), "link": {"delay_ms": args.delay_ms, "jitter_ms": args.jitter_ms,
-                              "rate_mbit": args.rate_mbit}, "model_layers": spec.layers, "rounds": args.rounds, "warmup": args.warmup,
-                              "scenarios": {}}
+    link = {"delay_ms": args.delay_ms, "jitter_ms": args.jitter_ms, "rate_mbit": args.rate_mbit}
+    report: dict[str, Any] = {"setup": asdict(setup), "link": link, "model_layers": spec.layers,
+                              "rounds": args.rounds, "warmup": args.warmup, "scenarios": {}}
     with Testbed(args.prefix, delay_ms=args.delay_ms, jitter_ms=args.jitter_ms, rate_mbit=args.rate_mbit) as tb:
         md = _Peer(tb.ns("B").argv([*peer_argv, "md", "--host", tb.addr("B"), "--setup", json.dumps(asdict(setup)),
                                     "--model-dir", model_dir, "--recompute", args.recompute,
@@ -230,7 +230,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                          json.dumps(asdict(setup)), "--peer", json.dumps(md_info)]), env)
             md.send({"channel": rld.read(60)["channel"]})
             report["md"] = md.read(300)
-            blocks = {}
+            blocks: dict[tuple[str, str], Any] = {}
             for scenario in args.scenarios:
                 ctx = bulk_flow(tb, args.bulk_flows) if scenario == "bulk" else contextlib.nullcontext({})
                 with ctx as bulk:
@@ -255,16 +255,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for p in (rld, md):
                 if p is not None:
                     p.stop()
+    _assemble(report, setup, blocks, timings, md_info["packed_bytes"])
+    return report
+
+
+def _assemble(report: dict[str, Any], setup: Setup, blocks: dict[tuple[str, str], Any],
+              timings: dict[str, dict[str, float]], packed_bytes: int) -> None:
+    """Per (scenario, path): payload, wire bytes, stats (MD's rounds + RLD's timings), ratios."""
     ids = setup.eager_ids()
-    room = room_for(args.rounds, "ids")
     for (scenario, path), (rounds, wire) in blocks.items():
-        any_room = str(rounds[0]["room"])
-        packed = md_info["packed_bytes"]
+        room = rounds[0]["room"]
         report["scenarios"][scenario][path] = {
-            "payload_bytes": payload_bytes(path, setup, ids, room, packed),
-            "wire_bytes_per_handoff": wire, "slices": timings[any_room].get("slices", 0),
+            "payload_bytes": payload_bytes(path, setup, ids, room, packed_bytes),
+            "wire_bytes_per_handoff": wire, "slices": timings[str(room)].get("slices", 0),
             "stats": summarize(rounds, timings), "rounds": rounds}
-    for scenario, paths in report["scenarios"].items():
+    for paths in report["scenarios"].values():
         ref = paths.get(REFERENCE_PATH)
         for path, r in paths.items():
             if path == "bulk_flow" or ref is None:
@@ -273,7 +278,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "payload": ratio(r["payload_bytes"]["A->B"], ref["payload_bytes"]["A->B"]),
                 **{k: ratio(r["stats"]["total_s"][k + "_ms"], ref["stats"]["total_s"][k + "_ms"])
                    for k in ("mean", "p50", "max", "std")}}
-    return report
 
 
 # --- report -------------------------------------------------------------------------------------------
@@ -288,44 +292,53 @@ _PARTS = {
 
 
 def _row(label: str, s: dict[str, float], payload: str = "", wire: str = "", rel: str = "") -> str:
-    return (f"{label:<26} {payload:>10} {wire:>10} {s['n']:>3} {s['mean_ms']:>8.1f} {s['p50_ms']:>8.1f} {s['max_ms']:>8.1f} "
-            f"{s['std_ms']:>7.1f}  {rel}")
+    return (f"{label:<26} {payload:>10} {wire:>10} {s['n']:>3} {s['mean_ms']:>8.1f} {s['p50_ms']:>8.1f} "
+            f"{s['max_ms']:>8.1f} {s['std_ms']:>7.1f}  {rel}")
+
+
+def _header(report: dict[str, Any]) -> list[str]:
+    st, link, md = report["setup"], report["link"], report["md"]
+    kib = 2 * st["layers"] * st["kv_heads"] * st["head_dim"] * 4 // 1024
+    return [
+        f"handoff of {st['tokens']} tokens, prefix {st['prefix_tokens']}; KV {st['layers']} layers x "
+        f"{st['kv_heads']} heads x {st['head_dim']} fp32 = {kib} KiB/token (recompute: the tiny Llama, "
+        f"{report['model_layers']} layers); link {link['delay_ms']:g} ms ±{link['jitter_ms']:g} ms one way, "
+        f"{link['rate_mbit']:g} Mbit/s; rounds per path in column n (after {report['warmup']} warm-up)",
+        f"recompute: {md['recompute_engine']}; extend vs full forward: max |Δlogit| "
+        f"{md['recompute_check_max_abs_logit']:.1e}",
+    ]
+
+
+def _paper_line() -> str:
+    kv, ids = PAPER["kv"], PAPER["ids"]
+    return (f"paper (PDD.md §3, 100 tokens, real model): KV {kv['payload_kb']} KB, mean {kv['mean_ms']} ms, "
+            f"max {kv['max_ms']} ms, + {kv['memcpy_ms']} ms memcpy; token IDs {ids['payload_kb']} KB, "
+            f"mean {ids['mean_ms']} ms, max {ids['max_ms']} ms, std {ids['std_ms']} ms; "
+            f"IDs / KV: mean {ids['mean_ms'] / kv['mean_ms']:.3g}, max {ids['max_ms'] / kv['max_ms']:.3g}")
 
 
 def format_report(report: dict[str, Any]) -> str:
-    st, link = report["setup"], report["link"]
-    lines = [
-        f"handoff of {st['tokens']} tokens, prefix {st['prefix_tokens']}; KV {st['layers']} layers x {st['kv_heads']} heads "
-        f"x {st['head_dim']} fp32 = {2 * st['layers'] * st['kv_heads'] * st['head_dim'] * 4 // 1024} KiB/token "
-        f"(recompute: the tiny Llama, {report['model_layers']} layers); link {link['delay_ms']:g} ms ±{link['jitter_ms']:g} ms one way, "
-        f"{link['rate_mbit']:g} Mbit/s; rounds per path in column n (after {report['warmup']} warm-up)",
-        f"recompute: {report['md']['recompute_engine']}; extend vs full forward: max |Δlogit| "
-        f"{report['md']['recompute_check_max_abs_logit']:.1e}",
-    ]
+    lines = _header(report)
     for scenario, paths in report["scenarios"].items():
         bulk = paths.get("bulk_flow") or {}
         extra = (f" (competing bulk traffic A->B: {bulk.get('flows', 1):g} TCP flow(s), {bulk['mbit']:.1f} Mbit/s)"
                  if bulk.get("mbit") else "")
         lines += ["", f"scenario {scenario}{extra}",
-                  f"{'path':<26} {'payload B':>10} {'wire B':>10} {'n':>3} {'mean ms':>8} {'p50 ms':>8} {'max ms':>8} "
-                  f"{'std ms':>7}  x {_LABELS[REFERENCE_PATH]} (payload / mean / max / std)"]
+                  f"{'path':<26} {'payload B':>10} {'wire B':>10} {'n':>3} {'mean ms':>8} {'p50 ms':>8} "
+                  f"{'max ms':>8} {'std ms':>7}  x {_LABELS[REFERENCE_PATH]} (payload / mean / max / std)"]
         for path, r in paths.items():
             if path == "bulk_flow":
                 continue
-            rel = r.get("vs_" + REFERENCE_PATH, {})
-            rel_s = " / ".join("-" if rel.get(k) is None else f"{rel[k]:.3g}" for k in ("payload", "mean", "max", "std"))
-            wire = r["wire_bytes_per_handoff"]["A->B"] if scenario == "plain" else None
+            rel = r.get("vs_" + REFERENCE_PATH, {}) if path != REFERENCE_PATH else {}
+            rel_s = " / ".join("-" if rel.get(k) is None else f"{rel[k]:.3g}"
+                               for k in ("payload", "mean", "max", "std"))
+            wire = f"{r['wire_bytes_per_handoff']['A->B']:.0f}" if scenario == "plain" else ""
             lines.append(_row(_LABELS[path] + " total", r["stats"]["total_s"], str(r["payload_bytes"]["A->B"]),
-                              "" if wire is None else f"{wire:.0f}", rel_s if path != REFERENCE_PATH else ""))
+                              wire, rel_s if rel else ""))
             for key, label in _PARTS[path]:
                 if key in r["stats"]:
                     lines.append(_row(label, r["stats"][key]))
-    p = PAPER
-    lines += ["", f"paper (PDD.md §3, 100 tokens, real model): KV {p['kv']['payload_kb']} KB, mean {p['kv']['mean_ms']} ms, "
-              f"max {p['kv']['max_ms']} ms, + {p['kv']['memcpy_ms']} ms memcpy; token IDs {p['ids']['payload_kb']} KB, "
-              f"mean {p['ids']['mean_ms']} ms, max {p['ids']['max_ms']} ms, std {p['ids']['std_ms']} ms; "
-              f"IDs / KV: mean {p['ids']['mean_ms'] / p['kv']['mean_ms']:.3g}, max {p['ids']['max_ms'] / p['kv']['max_ms']:.3g}"]
-    return "\n".join(lines)
+    return "\n".join([*lines, "", _paper_line()])
 
 
 def _csv(choices: Sequence[str]):

@@ -131,7 +131,6 @@ def _secret() -> bytes:
 def run_rld(host: str, peer: dict[str, Any], setup: Setup) -> None:
     import zmq
 
-    from sglang_pdd.kernels.kv_pack import pack_kv
     from sglang_pdd.protocol.channel import RelayChannel
     from sglang_pdd.protocol.messages import Ready, Tokens
 
@@ -157,31 +156,37 @@ def run_rld(host: str, peer: dict[str, Any], setup: Setup) -> None:
         for peer_id, msg in chan.poll():
             if not isinstance(msg, Ready):
                 continue
-            path, t = path_of(msg.room), {}
-            t0 = time.perf_counter()
-            if path == "kv_paged":
-                srcs, dsts, lens = paged_slices(pool.backing.data_ptr(), peer["pool"], peer["buffer_bytes"],
-                                                2 * setup.layers, src_slots.tolist(), dst_slots,
-                                                setup.slot_bytes)
-                t["build_s"] = time.perf_counter() - t0
-                rc = _write_batches(pool.engine, session, srcs, dsts, lens)
-                t["slices"] = len(lens)
-            elif path == "kv_packed":
-                nbytes = pool.nbytes_packed
-                pack_kv(pool.k, pool.v, src_slots, out=pool.staging[:nbytes])
-                t["pack_s"] = time.perf_counter() - t0
-                rc = pool.engine.batch_transfer_sync_write(session, [pool.staging.data_ptr()], [peer["staging"]],
-                                                           [nbytes])
-                t["slices"] = 1
-            else:
-                rc = 0
-            t["write_s"] = time.perf_counter() - t0 - t.get("pack_s", 0.0) - t.get("build_s", 0.0)
-            if rc != 0:
-                raise RuntimeError(f"Mooncake write for room {msg.room} returned {rc}")
+            timings[msg.room] = _ship(path_of(msg.room), pool, peer, setup, src_slots, dst_slots)
             chan.send(peer_id, Tokens(room=msg.room, ids=ids))
-            timings[msg.room] = t
     chan.close()
     _emit({"timings": {str(k): v for k, v in timings.items()}})
+
+
+def _ship(path: str, pool: KvPool, peer: dict[str, Any], setup: Setup, src_slots: torch.Tensor,
+          dst_slots: list[int]) -> dict[str, float]:
+    """RLD's work for one `Ready` before it sends `Tokens`: nothing, or the eager tokens' KV to MD."""
+    from sglang_pdd.kernels.kv_pack import pack_kv
+
+    t: dict[str, float] = {}
+    t0 = time.perf_counter()
+    if path == "kv_paged":
+        srcs, dsts, lens = paged_slices(pool.backing.data_ptr(), peer["pool"], peer["buffer_bytes"],
+                                        2 * setup.layers, src_slots.tolist(), dst_slots, setup.slot_bytes)
+        t["build_s"] = time.perf_counter() - t0
+        rc = _write_batches(pool.engine, peer["session"], srcs, dsts, lens)
+        t["slices"] = len(lens)
+    elif path == "kv_packed":
+        pack_kv(pool.k, pool.v, src_slots, out=pool.staging[: pool.nbytes_packed])
+        t["pack_s"] = time.perf_counter() - t0
+        rc = pool.engine.batch_transfer_sync_write(peer["session"], [pool.staging.data_ptr()], [peer["staging"]],
+                                                   [pool.nbytes_packed])
+        t["slices"] = 1
+    else:
+        rc = 0
+    t["write_s"] = time.perf_counter() - t0 - t.get("pack_s", 0.0) - t.get("build_s", 0.0)
+    if rc != 0:
+        raise RuntimeError(f"Mooncake write ({path}) returned {rc}")
+    return t
 
 
 def _write_batches(engine: Any, session: str, srcs: list[int], dsts: list[int], lens: list[int]) -> int:
@@ -210,9 +215,9 @@ def _wait_tokens(chan: Any, addr: str, room: int, timeout_s: float) -> Any:
 
 
 def run_md(host: str, model_dir: str, setup: Setup, engine: str, timeout_s: float) -> None:
+    from sglang_pdd.bench.handoff_recompute import make_recompute
     from sglang_pdd.kernels.kv_pack import unpack_kv
     from sglang_pdd.protocol.channel import MainChannel
-    from sglang_pdd.bench.handoff_recompute import make_recompute
     from sglang_pdd.protocol.messages import Ready
 
     pool = KvPool(host, setup, fill=False)

@@ -98,11 +98,12 @@ def test_ratio():
 
 def _report():
     stats = {k: hm.asdict(hm.LatencyStats.of([0.05, 0.06])) for k in ("transfer_s", "local_s", "total_s")}
-    path = {"payload_bytes": {"A->B": 370, "B->A": 60}, "wire_bytes_per_handoff": {"A->B": 445.0, "B->A": 150.0},
+    path = {"payload_bytes": {"A->B": 370, "B->A": 60},
+            "wire_bytes_per_handoff": {"A->B": 445.0, "B->A": 150.0},
             "stats": stats, "vs_kv_packed": {"payload": 0.001, "mean": 0.3, "p50": 0.3, "max": 0.3, "std": None}}
     ref = {k: v for k, v in path.items() if k != "vs_kv_packed"}
-    return {"setup": hm.asdict(SETUP), "link": {"delay_ms": 20, "jitter_ms": 5, "rate_mbit": 100}, "model_layers": 4, "rounds": 2,
-            "warmup": 1, "md": {"recompute_engine": "x", "recompute_check_max_abs_logit": 0.0},
+    return {"setup": hm.asdict(SETUP), "link": {"delay_ms": 20, "jitter_ms": 5, "rate_mbit": 100},
+            "model_layers": 4, "rounds": 2, "warmup": 1, "md": {"recompute_engine": "x", "recompute_check_max_abs_logit": 0.0},
             "scenarios": {"plain": {"bulk_flow": {}, "ids": path, "kv_packed": ref},
                           "bulk": {"bulk_flow": {"mbit": 60.0}, "ids": path, "kv_packed": ref}}}
 
