@@ -103,7 +103,8 @@ def _report():
             "stats": stats, "vs_kv_packed": {"payload": 0.001, "mean": 0.3, "p50": 0.3, "max": 0.3, "std": None}}
     ref = {k: v for k, v in path.items() if k != "vs_kv_packed"}
     return {"setup": hm.asdict(SETUP), "link": {"delay_ms": 20, "jitter_ms": 5, "rate_mbit": 100},
-            "model_layers": 4, "rounds": 2, "warmup": 1, "md": {"recompute_engine": "x", "recompute_check_max_abs_logit": 0.0},
+            "model_layers": 4, "rounds": 2, "warmup": 1,
+            "md": {"recompute_engine": "x", "recompute_check_max_abs_logit": 0.0},
             "scenarios": {"plain": {"bulk_flow": {}, "ids": path, "kv_packed": ref},
                           "bulk": {"bulk_flow": {"mbit": 60.0}, "ids": path, "kv_packed": ref}}}
 
