@@ -55,6 +55,8 @@ HOOKS: tuple[Hook, ...] = (
          "prefill:around_create_sender", "AROUND"),
     Hook(f"{_SRT}.disaggregation.mooncake.conn.MooncakeKVManager.add_transfer_request",
          "prefill:around_add_transfer_request", "AROUND"),
+    Hook(f"{_SRT}.disaggregation.mooncake.conn.MooncakeKVManager.update_status",
+         "prefill:around_update_status", "AROUND"),
     Hook(f"{_SRT}.managers.scheduler_components.internal_state.SchedulerInternalStateController"
          ".get_internal_state", "prefill:after_get_internal_state", "AFTER"),
     # RelayDecode and MainDecode (inert on other servers)

@@ -15,7 +15,8 @@ from sglang_pdd.hooks.transfer import LEDGER
 from sglang_pdd.roles import Role
 from sglang_pdd.transfer import pool_state
 from sglang_pdd.transfer.lanes import MAIN_PATH, RELAY_PATH, FanoutRegistry, MainLanes
-from sglang_pdd.transfer.mooncake_fanout import FanoutBuilder, FanoutParamsError
+from sglang_pdd.transfer.fanout import Poll
+from sglang_pdd.transfer.mooncake_fanout import FanoutBuilder, FanoutParamsError, reject_late_main
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +52,13 @@ def around_add_transfer_request(original, manager, room, *args, **kwargs):
     if _builder() is None:
         return original(manager, room, *args, **kwargs)
     return LANES.route(original, manager, room, *args, **kwargs)
+
+
+def around_update_status(original, manager, room, status, *args, **kwargs):
+    if (status == Poll.WaitingForInput and _builder() is not None and room not in manager.request_status
+            and REGISTRY.was_closed(room)):
+        return reject_late_main(manager, room)
+    return original(manager, room, status, *args, **kwargs)
 
 
 def after_get_internal_state(result, controller, *args, **kwargs):

@@ -89,7 +89,8 @@ class RoomTable(Protocol):
         """Mark `room` failed and tell its receiver, if it registered."""
 
     def release(self, room: int) -> None:
-        """Drop what the manager still keeps for a concluded main room (failure record, routing)."""
+        """Drop what the manager still keeps for a concluded main room (failure record, routing); if
+        the fan-out gave the main up (`fail`) and it registered since, tell it the room failed."""
 
 
 class MainState(enum.Enum):
@@ -312,10 +313,10 @@ class FanoutSender:
         if self._main_released:
             return
         self._main_released = True
+        self.ctx.rooms.release(self.main_room)  # first: it may still tell a late main, by its registration
         self.main.clear()
         if self._main_aux is not None:
             self.ctx.slots.free(self._main_aux)
             self._main_aux = None
-        self.ctx.rooms.release(self.main_room)
         self._log.clear()
 

@@ -19,6 +19,7 @@ import contextlib
 import logging
 import queue
 import threading
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, ContextManager, Iterable
 
@@ -29,23 +30,33 @@ RELAY_PATH = "relay"
 
 
 class FanoutRegistry:
-    """Rooms that are the two legs of a fan-out: main room -> relay room."""
+    """Rooms that are the two legs of a fan-out: main room -> relay room; and the main rooms that
+    were closed lately (a main decode registering for one of those is late: see mooncake_fanout)."""
 
-    def __init__(self) -> None:
+    def __init__(self, remember_closed: int = 65536) -> None:
         self._lock = threading.Lock()
         self._relay_of: dict[int, int] = {}
         self._relay_rooms: dict[int, int] = {}  # relay room -> main room
+        self._closed: OrderedDict[int, None] = OrderedDict()
+        self._remember_closed = remember_closed
 
     def open(self, relay_room: int, main_room: int) -> None:
         with self._lock:
             self._relay_of[main_room] = relay_room
             self._relay_rooms[relay_room] = main_room
+            self._closed.pop(main_room, None)
 
     def close(self, main_room: int) -> None:
         with self._lock:
             relay_room = self._relay_of.pop(main_room, None)
             if relay_room is not None and self._relay_rooms.get(relay_room) == main_room:
                 del self._relay_rooms[relay_room]
+            self._closed[main_room] = None
+            while len(self._closed) > self._remember_closed:
+                self._closed.popitem(last=False)
+
+    def was_closed(self, main_room: int) -> bool:
+        return main_room in self._closed
 
     def is_main(self, room: int) -> bool:
         return room in self._relay_of

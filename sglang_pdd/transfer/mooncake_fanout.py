@@ -17,7 +17,7 @@ from typing import Any
 
 from sglang_pdd import config
 from sglang_pdd.protocol import request as request_params
-from sglang_pdd.transfer.fanout import FanoutContext, FanoutSender
+from sglang_pdd.transfer.fanout import FanoutContext, FanoutSender, Poll
 from sglang_pdd.transfer.lanes import FanoutRegistry
 
 logger = logging.getLogger(__name__)
@@ -30,22 +30,45 @@ class FanoutParamsError(ValueError):
 
 
 class MooncakeRooms:
-    """`RoomTable` over a Mooncake (CommonKVManager) prefill KV manager."""
+    """`RoomTable` over a Mooncake (CommonKVManager) prefill KV manager, for one main room."""
 
     def __init__(self, kv_mgr: Any, registry: FanoutRegistry):
         self.kv_mgr = kv_mgr
         self.registry = registry
+        self._told_on_fail: set | None = None  # receivers told when the main leg was given up
 
     def outstanding(self, room: int) -> int:
         return int(self.kv_mgr._staging_outstanding.get(room, 0))
 
     def fail(self, room: int, reason: str) -> None:
+        self._told_on_fail = set(self.kv_mgr._room_notify_targets(room))
         self.kv_mgr.conclude_failure(bootstrap_room=room, failure_reason=reason)
 
     def release(self, room: int) -> None:
+        if self._told_on_fail is not None:
+            # Given up (e.g. bootstrap timeout) and registered since: nothing will be sent, say so.
+            late = [t for t in self.kv_mgr._room_notify_targets(room) if t not in self._told_on_fail]
+            if late:
+                self.kv_mgr.send_kv_status_message(targets=late, bootstrap_room=room, status=Poll.Failed,
+                                                   failure_reason=LATE_MAIN_REASON)
         with self.kv_mgr.failure_lock:
             self.kv_mgr.failure_records.pop(room, None)
         self.registry.close(room)
+
+
+LATE_MAIN_REASON = "the prefill gave this main room up before the main decode registered (bootstrap timeout)"
+
+
+def reject_late_main(kv_mgr: Any, room: int) -> None:
+    """A main decode registered for a main room whose fan-out is over: tell it the room failed and
+    forget its registration, instead of letting the manager re-create the room (it would stay in the
+    manager's tables, and the main decode would wait for KV until its own timeout)."""
+    targets = kv_mgr._room_notify_targets(room)
+    kv_mgr.transfer_infos.pop(room, None)
+    kv_mgr.req_to_decode_prefix_len.pop(room, None)
+    kv_mgr.send_kv_status_message(targets=targets, bootstrap_room=room, status=Poll.Failed,
+                                  failure_reason=LATE_MAIN_REASON)
+    logger.info("main room %s registered after its fan-out ended: told it failed", room)
 
 
 class MetadataRows:

@@ -137,7 +137,7 @@ def fanout_generate(fan: Fanout, ids: list[int], *, send_main: bool = True, afte
              "relay": (fan.relay.url, {**body, "bootstrap_room": room})}
     if send_main:
         calls["main"] = (fan.main.url, {**body, "bootstrap_room": room2, "rid": f"fanout-main-{room2}"})
-    out: dict[str, object] = {"main_rid": f"fanout-main-{room2}"}
+    out: dict[str, object] = {"main_rid": f"fanout-main-{room2}", "main_body": {**body, "bootstrap_room": room2}}
     t0 = time.monotonic()
 
     def call(name: str, url: str, b: dict) -> None:
@@ -296,8 +296,18 @@ class TestPageSize1:
         assert not isinstance(r["prefill"], Exception), r["prefill"]  # the relay path succeeded
         assert moved(before, after, "main") == 0 and moved(before, after, "main", "aux") == 0
         assert_prefill_idle(fan1)
+        # The main decode shows up after all: P refuses the room at once (else the main decode would
+        # wait for KV until its own timeout, and P's tables would keep the room).
+        t0 = time.monotonic()
+        status, late = http_json(fan1.main.url + "/generate", r["main_body"], timeout=120)
+        late_s = time.monotonic() - t0
+        assert status != 200, late
+        room2 = r["main_body"]["bootstrap_room"]
+        assert f"main room {room2} registered after its fan-out ended" in fan1.prefill.log_text()
+        assert_prefill_idle(fan1)
         FIGURES["never_bootstraps"] = {"relay_done_s": r["relay_s"], "prefill_released_s": r["prefill_s"],
-                                       "timeout_s": MAIN_BOOTSTRAP_TIMEOUT}
+                                       "timeout_s": MAIN_BOOTSTRAP_TIMEOUT,
+                                       "late_main_refused_after_s": round(late_s, 2)}
 
     def test_slow_main_still_gets_its_kv_and_the_relay_is_served_from_stock_queues(
             self, fan1, reference_server, prompts):

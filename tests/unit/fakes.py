@@ -127,3 +127,39 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
+
+
+class FakeKVManager:
+    """The parts of a Mooncake prefill KV manager that MooncakeRooms / reject_late_main touch."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.transfer_infos: dict[int, dict[str, object]] = {}
+        self.req_to_decode_prefix_len: dict[int, int] = {}
+        self.request_status: dict[int, int] = {}
+        self.failure_records: dict[int, str] = {}
+        self.failure_lock = threading.Lock()
+        self._staging_outstanding: dict[int, int] = {}
+        self.concluded: list[tuple[int, str]] = []
+        self.status_messages: list[tuple[list, int, int]] = []
+
+    def register(self, room: int, session: str, endpoint: str, port: int, prefix: int = 0) -> None:
+        from types import SimpleNamespace
+
+        self.transfer_infos.setdefault(room, {})[session] = SimpleNamespace(endpoint=endpoint, dst_port=port,
+                                                                            is_dummy=False)
+        self.req_to_decode_prefix_len[room] = prefix
+
+    def _room_notify_targets(self, room: int) -> list:
+        return [(i.endpoint, i.dst_port) for i in self.transfer_infos.get(room, {}).values() if not i.is_dummy]
+
+    def conclude_failure(self, *, bootstrap_room: int, failure_reason: str) -> None:
+        self.concluded.append((bootstrap_room, failure_reason))
+        self.failure_records.setdefault(bootstrap_room, failure_reason)
+        self.send_kv_status_message(targets=self._room_notify_targets(bootstrap_room), bootstrap_room=bootstrap_room,
+                                    status=Poll.Failed)
+
+    def send_kv_status_message(self, *, targets, bootstrap_room, status, failure_reason=None) -> None:
+        if targets:
+            self.status_messages.append((list(targets), bootstrap_room, int(status)))

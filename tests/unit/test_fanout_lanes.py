@@ -116,3 +116,52 @@ def test_the_mains_metadata_row_is_a_copy_that_names_the_mains_room():
     assert torch.equal(bufs.output_hidden_states[3], bufs.output_hidden_states[1])
     assert bufs.bootstrap_room[3, 0].item() == 2**62 and bufs.bootstrap_room[1, 0].item() == 77
     assert bufs.kv_checksum[3].sum().item() == 0 and bufs.kv_checksum[1].sum().item() == 8
+
+
+def test_closed_main_rooms_are_remembered_boundedly():
+    reg = FanoutRegistry(remember_closed=2)
+    for room in (10, 11, 12):
+        reg.open(room + 100, room)
+        reg.close(room)
+    assert not reg.was_closed(10) and reg.was_closed(11) and reg.was_closed(12)
+    reg.open(112, 12)  # a room in use again is not "closed"
+    assert not reg.was_closed(12)
+
+
+def test_a_main_given_up_and_registering_before_release_is_told_it_failed():
+    from sglang_pdd.transfer.mooncake_fanout import MooncakeRooms
+
+    from .fakes import FakeKVManager
+
+    kv, reg = FakeKVManager(), FanoutRegistry()
+    reg.open(R, R2)
+    rooms = MooncakeRooms(kv, reg)
+    rooms.fail(R2, "bootstrap timeout")  # nobody registered yet: nobody to tell
+    assert kv.status_messages == []
+    kv.register(R2, "md:1", "10.0.0.9", 5000)  # the main decode shows up late
+    rooms.release(R2)
+    assert kv.status_messages == [([("10.0.0.9", 5000)], R2, 0)]
+    assert R2 not in kv.failure_records and reg.was_closed(R2)
+
+
+def test_a_main_that_succeeded_gets_no_extra_message_on_release():
+    from sglang_pdd.transfer.mooncake_fanout import MooncakeRooms
+
+    from .fakes import FakeKVManager
+
+    kv, reg = FakeKVManager(), FanoutRegistry()
+    kv.register(R2, "md:1", "10.0.0.9", 5000)
+    MooncakeRooms(kv, reg).release(R2)
+    assert kv.status_messages == []
+
+
+def test_a_late_main_registration_is_refused_and_forgotten():
+    from sglang_pdd.transfer.mooncake_fanout import reject_late_main
+
+    from .fakes import FakeKVManager
+
+    kv = FakeKVManager()
+    kv.register(R2, "md:1", "10.0.0.9", 5000, prefix=32)
+    reject_late_main(kv, R2)
+    assert kv.status_messages == [([("10.0.0.9", 5000)], R2, 0)]
+    assert R2 not in kv.transfer_infos and R2 not in kv.req_to_decode_prefix_len and R2 not in kv.request_status
