@@ -56,6 +56,9 @@ FLAGS: tuple[FlagSpec, ...] = (
              "(binds on this server's --host)."),
     FlagSpec("main_bootstrap_timeout", float, 30.0, "prefill: seconds to wait for MainDecode's handshake "
              "before giving up its WAN path (the relay path is never held back)."),
+    FlagSpec("relay_finished_kv", str, "keep", "main: when RelayDecode finishes a relayed request itself, "
+             "'keep' lets MD's KV transfer land and keeps it in the radix cache (MD's cache stays aligned "
+             "with P's: the next turn hits), 'abort' cancels the WAN transfer.", choices=("keep", "abort")),
     FlagSpec("handoff_timeout", float, 60.0, "main: seconds to wait for RelayDecode's eager tokens after "
              "the KV arrived before the request fails cleanly; relay: seconds a relayed request may wait "
              "for MainDecode after it finished locally."),
@@ -66,6 +69,7 @@ FLAGS: tuple[FlagSpec, ...] = (
 class PddConfig:
     role: Role | None = None
     token_port: int | None = None
+    relay_finished_kv: str = "keep"
     main_bootstrap_timeout: float = 30.0
     handoff_timeout: float = 60.0
 
@@ -103,7 +107,10 @@ class PddConfig:
         for name in ("main_bootstrap_timeout", "handoff_timeout"):
             if name in d and not float(d[name]) > 0:
                 raise PddConfigError(f"--pdd-{name.replace('_', '-')}: must be > 0 seconds, got {d[name]}")
-        rest = {k: d[k] for k in ("token_port", "main_bootstrap_timeout", "handoff_timeout") if k in d}
+        if d.get("relay_finished_kv", "keep") not in ("keep", "abort"):
+            raise PddConfigError(f"--pdd-relay-finished-kv: invalid choice {d['relay_finished_kv']!r} (keep, abort)")
+        rest = {k: d[k] for k in ("token_port", "relay_finished_kv", "main_bootstrap_timeout", "handoff_timeout")
+                if k in d}
         return cls(role=Role(role) if role else None, **rest)
 
     @classmethod

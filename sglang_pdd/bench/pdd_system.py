@@ -28,11 +28,14 @@ WAN_EFFICIENCY = 0.946  # TCP goodput / configured rate on the testbed (docs/tes
 
 
 def router_link_args(testbed, kv_bytes_per_token: int | None) -> list[str]:
-    """What the PDD router is told about the link: the testbed's configured rate and RTT."""
+    """What the PDD router is told about the link: the testbed's configured rate and RTT.
+
+    The odd-traffic filter is off: the presets' outputs are tens of tokens (the paper's are 1K), so
+    with the paper's 500-token threshold every request would count as odd and never reach MD."""
     cfg = getattr(testbed, "config", None)
     rate = getattr(cfg, "rate_mbit", None)
     delay = getattr(cfg, "delay_ms", None)
-    args = []
+    args = ["--odd-output-threshold", "0"]
     if rate:
         args += ["--wan-mbit", f"{rate * WAN_EFFICIENCY:g}"]
     if delay is not None:

@@ -3,7 +3,8 @@
 Per relayed request (MD's copy, keyed by the relay's address and room):
 
     admitted --(KV transfer done: kv_arrived)--> waiting_tokens --(Tokens)--> ready --(take_ready)--> gone
-         \\_____________ Finished / Reject / timeout: an abort action _____________/
+       |   \\_____________ Finished / Reject / timeout: an abort action _____________/
+       +--(Finished, keep_kv)--> draining --(kv_arrived)--> an abort action that keeps the KV
 
 `admit` sends `Watch` at once, so a relay that finishes the request itself can say so while MD's WAN
 transfer is still running. `kv_arrived` sends `Ready`. `poll` turns channel messages and timeouts into
@@ -23,6 +24,7 @@ from sglang_pdd.protocol.request import RequestParams
 logger = logging.getLogger(__name__)
 
 ADMITTED, WAITING_TOKENS, READY = "admitted", "waiting_tokens", "ready"
+DRAINING = "draining"  # the relay finished the request; MD lets its KV land, keeps it, and ends it
 
 
 class Channel(Protocol):
@@ -63,8 +65,10 @@ class MainStats:
 
 
 class MainHandoff:
-    def __init__(self, channel: Channel, timeout_s: float, now: Callable[[], float] = time.monotonic):
+    def __init__(self, channel: Channel, timeout_s: float, now: Callable[[], float] = time.monotonic,
+                 keep_kv_when_relay_finishes: bool = True):
         self.channel = channel
+        self.keep_kv = keep_kv_when_relay_finishes
         self.timeout_s = timeout_s
         self.now = now
         self.pending: dict[tuple[str, int], Pending] = {}
@@ -83,15 +87,20 @@ class MainHandoff:
     def is_relayed(self, req: Any) -> bool:
         return req.rid in self.by_rid
 
-    def kv_arrived(self, req: Any) -> None:
+    def kv_arrived(self, req: Any) -> Abort | None:
+        """MD's KV landed. Asks the relay for the tokens, or (draining) ends the request, KV kept."""
         p = self.pending[self.by_rid[req.rid]]
+        if p.state == DRAINING:
+            p.state = WAITING_TOKENS  # it is held now: the abort must release it
+            return self._end(p, "pdd: the relay finished this request itself; MD kept its KV",
+                             relay_finished=True)
         p.state, p.since = WAITING_TOKENS, self.now()
         self.channel.send(p.relay, Ready(room=p.relay_room))
         logger.debug("main room %s: KV arrived, asked relay %s for tokens", p.relay_room, p.relay)
 
     def held(self) -> list[Any]:
         """Requests whose KV arrived and that sglang's own queues no longer see."""
-        return [p.req for p in self.pending.values() if p.state != ADMITTED]
+        return [p.req for p in self.pending.values() if p.state in (WAITING_TOKENS, READY)]
 
     def poll(self) -> list[Abort]:
         aborts: list[Abort] = []
@@ -110,8 +119,11 @@ class MainHandoff:
                     p.tokens, p.logprobs, p.state = list(msg.ids), msg.logprobs, READY
             elif isinstance(msg, Finished):
                 self.stats.relay_finished += 1
-                aborts.append(self._end(p, f"pdd: the relay finished this request itself ({msg.reason})",
-                                        relay_finished=True))
+                if p.state == ADMITTED and self.keep_kv:
+                    p.state = DRAINING  # let the KV land: the next turn of this conversation hits it
+                else:
+                    aborts.append(self._end(p, f"pdd: the relay finished this request itself ({msg.reason})",
+                                            relay_finished=True))
             elif isinstance(msg, Reject):
                 aborts.append(self._fail(p, f"pdd: the relay rejected the handoff: {msg.reason}"))
             else:
@@ -153,7 +165,7 @@ class MainHandoff:
             return None
         p = self.pending[key]
         self._forget(key)
-        return p.req if p.state != ADMITTED else None
+        return p.req if p.state in (WAITING_TOKENS, READY) else None
 
     # -- internals -------------------------------------------------------------------------
     def _fail(self, p: Pending, message: str) -> Abort:
@@ -163,7 +175,7 @@ class MainHandoff:
 
     def _end(self, p: Pending, message: str, relay_finished: bool) -> Abort:
         self._forget((p.relay, p.relay_room))
-        return Abort(p.req, held=p.state != ADMITTED, message=message, relay_finished=relay_finished)
+        return Abort(p.req, held=p.state in (WAITING_TOKENS, READY), message=message, relay_finished=relay_finished)
 
     def _forget(self, key: tuple[str, int]) -> None:
         p = self.pending.pop(key, None)

@@ -19,7 +19,8 @@ class MainRuntime:
     def __init__(self, scheduler, cfg: PddConfig, secret: bytes):
         self.scheduler = scheduler
         self.channel = MainChannel(secret, vocab_size=scheduler.model_config.vocab_size)
-        self.handoff = MainHandoff(self.channel, timeout_s=cfg.handoff_timeout)
+        self.handoff = MainHandoff(self.channel, timeout_s=cfg.handoff_timeout,
+                                   keep_kv_when_relay_finishes=cfg.relay_finished_kv == "keep")
         self.last_extend = None  # the EXTEND batch that ran last iteration, merged on the next one
         self._registered: set[int] = set()
         self._rejects_seen: dict[str, int] = {}
@@ -57,8 +58,10 @@ class MainRuntime:
         s = self.scheduler
         keep = []
         for req in s.waiting_queue:
-            if self.handoff.is_relayed(req) and req.rid in self.handoff.by_rid and not req.finished():
-                self.handoff.kv_arrived(req)  # leaves sglang's queues: held until the tokens come
+            if self.handoff.is_relayed(req) and not req.finished():
+                ended = self.handoff.kv_arrived(req)  # leaves sglang's queues: held until the tokens come
+                if ended is not None:
+                    self._abort(ended)
             else:
                 keep.append(req)
         if len(keep) != len(s.waiting_queue):

@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--wan-mbit", type=float, default=1000.0, help="initial WAN bandwidth estimate")
     ap.add_argument("--wan-rtt-ms", type=float, default=20.0)
     ap.add_argument("--wan-budget-s", type=float, default=0.5, help="P->MD when MD's missed KV crosses within this")
+    ap.add_argument("--odd-output-threshold", type=int, default=500,
+                    help="auto: a request with fewer output tokens whose WAN transfer would outlast its "
+                         "decode on RLD is odd traffic, served P->RLD alone (0 turns this off)")
     ap.add_argument("--log-level", default="info")
     return ap
 
@@ -82,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     tok = AutoTokenizer.from_pretrained(args.tokenizer)
     kvb = args.kv_bytes_per_token or kv_bytes_from_config(args.tokenizer)
     rtt = args.wan_rtt_ms / 1000
-    policy = PipelinePolicy(PipelinePolicyConfig(kv_bytes_per_token=kvb, wan_budget_s=args.wan_budget_s),
+    policy = PipelinePolicy(PipelinePolicyConfig(kv_bytes_per_token=kvb, wan_budget_s=args.wan_budget_s,
+                                                 odd_output_threshold=args.odd_output_threshold),
                             BandwidthEstimator(args.wan_mbit * 1e6 / 8, rtt_s=rtt), rtt_s=rtt)
     try:
         d = Dispatcher(prefill, relay, main_, DispatchConfig(args.pipeline, args.request_timeout),

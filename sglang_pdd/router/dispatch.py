@@ -62,6 +62,7 @@ class Dispatcher:
         self.decode, self.policy = decode, policy
         self.views: dict[str, PrefixView] = {p.url: PrefixView() for p in main.peers}
         self.session: aiohttp.ClientSession | None = None
+        self._background: set[asyncio.Task] = set()  # MD copies left to land their KV
 
     async def start(self) -> None:
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
@@ -111,8 +112,11 @@ class Dispatcher:
             if rld is not None:
                 async for d in self._drain(queues["relay"], stitcher.feed_relay, lp):
                     yield d
-                if stitcher.done:  # the relay finished the request itself: MD's copy is not needed
+                if stitcher.done:  # the relay finished the request itself
                     outcome.output_logprobs = lp or None
+                    if pipeline is Pipeline.P_RLD_MD:  # MD keeps landing its KV: the next turn hits it
+                        self._leave_running([t for (name, _, _), t in zip(calls, tasks) if name == "main"])
+                        self.views[md.url].insert(list(input_ids))  # MD gets the prompt, not RLD's output
                     return
                 outcome.handoff_k = stitcher.handoff_k
             async for d in self._drain(queues["main"], stitcher.feed_main, lp):
@@ -120,13 +124,20 @@ class Dispatcher:
             outcome.output_logprobs = lp or None
             self.views[md.url].insert(list(input_ids) + stitcher.ids)
         finally:
-            pending = [t for t in tasks if not t.done()]
+            pending = [t for t in tasks if not t.done() and t not in self._background]
             for t in pending:
                 t.cancel()
             if pending or not stitcher.done:
                 await asyncio.gather(*(upstream.abort(self.session, peer.url, body["rid"])
-                                       for _, peer, body in calls), return_exceptions=True)
-            await asyncio.gather(*tasks, return_exceptions=True)
+                                       for (_, peer, body), t in zip(calls, tasks) if t not in self._background),
+                                     return_exceptions=True)
+            await asyncio.gather(*(t for t in tasks if t not in self._background), return_exceptions=True)
+
+    def _leave_running(self, tasks: list[asyncio.Task]) -> None:
+        """Let these requests finish on their own (bounded by the request timeout); nobody reads them."""
+        for t in tasks:
+            self._background.add(t)
+            t.add_done_callback(self._background.discard)
 
     async def _run(self, role: str, peer: Peer, body: dict, q: asyncio.Queue | None) -> None:
         peer.in_flight += 1

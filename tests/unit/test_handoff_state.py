@@ -143,9 +143,9 @@ def test_finished_request_nobody_watches_is_forgotten_after_the_timeout():
 
 # -- MainDecode ------------------------------------------------------------------------------
 
-def main(timeout=5.0):
+def main(timeout=5.0, keep_kv=True):
     ch, clock = FakeChannel(), Clock()
-    return MainHandoff(ch, timeout_s=timeout, now=clock), ch, clock
+    return MainHandoff(ch, timeout_s=timeout, now=clock, keep_kv_when_relay_finishes=keep_kv), ch, clock
 
 
 def admitted(h, rid="m", room=7):
@@ -167,12 +167,22 @@ def test_main_watches_at_admission_asks_when_kv_lands_and_extends_on_tokens():
     assert h.held() == [] and not h.is_relayed(req)
 
 
-def test_relay_finished_before_the_kv_landed_aborts_through_sglang_queues():
-    h, ch, _ = main()
+def test_relay_finished_before_the_kv_landed_aborts_through_sglang_queues_in_abort_mode():
+    h, ch, _ = main(keep_kv=False)
     req = admitted(h)
     ch.inbox = [(RELAY, Finished(room=7, reason="length", n_tokens=4))]
     (a,) = h.poll()
     assert a.req is req and not a.held and a.relay_finished and "length" in a.message
+
+
+def test_relay_finished_before_the_kv_landed_lets_the_kv_land_and_keeps_it():
+    h, ch, _ = main()
+    req = admitted(h)
+    ch.inbox = [(RELAY, Finished(room=7, reason="length", n_tokens=4))]
+    assert h.poll() == [] and h.held() == []  # still in sglang's queues: the transfer goes on
+    a = h.kv_arrived(req)
+    assert a.req is req and a.held and a.relay_finished and "kept its KV" in a.message
+    assert Ready(room=7) not in [m for _, m in ch.sent] and h.pending == {}
 
 
 @pytest.mark.parametrize("reply, match", [
