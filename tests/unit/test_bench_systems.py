@@ -98,4 +98,4 @@ def test_pdd_router_is_told_the_testbed_link_and_the_kv_size():
     assert args[args.index("--wan-rtt-ms") + 1] == "40"
     assert 90 <= float(args[args.index("--wan-mbit") + 1]) <= 100
     assert args[args.index("--kv-bytes-per-token") + 1] == "16384"
-    assert router_link_args(object(), None) == []
+    assert router_link_args(object(), None) == ["--odd-output-threshold", "0"]
