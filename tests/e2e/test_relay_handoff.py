@@ -174,3 +174,7 @@ def test_relay_finishing_first_tells_main_which_lets_go(pdd, reference_server, p
     assert r.relay["meta_info"]["finish_reason"]["type"] == "length"
     assert r.tokens == expected
     assert "error" in r.main or r.main["meta_info"]["finish_reason"]["type"] == "abort"
+    # MD let its KV land anyway (--pdd-relay-finished-kv keep): the next turn hits MD's cache
+    second = ids + r.tokens + prompts.ids(30, seed=51)
+    r2 = check(pdd, reference_server, second, n=24, main_delay_s=0.3)
+    assert r2.main["meta_info"]["cached_tokens"] >= len(ids)
