@@ -16,7 +16,7 @@ from sglang_pdd.roles import Role
 from sglang_pdd.transfer import pool_state
 from sglang_pdd.transfer.lanes import MAIN_PATH, RELAY_PATH, FanoutRegistry, MainLanes
 from sglang_pdd.transfer.fanout import Poll
-from sglang_pdd.transfer.mooncake_fanout import FanoutBuilder, FanoutParamsError, reject_late_main
+from sglang_pdd.transfer.mooncake_fanout import REFUSED_REASON, FanoutBuilder, FanoutParamsError, refuse_room
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +41,9 @@ def around_create_sender(original, queue, req, num_kv_heads):
         main_room = builder.main_room(req)
     except FanoutParamsError as e:
         _reject(queue, req, str(e))
+        # The decodes sent this request are told at once, whether they registered already or later.
+        REGISTRY.refuse(req.bootstrap_room)
+        refuse_room(queue.kv_manager, req.bootstrap_room, f"the prefill rejected the request: {e}")
         return False
     ok = original(queue, req, num_kv_heads)
     if ok and main_room is not None:
@@ -56,8 +59,8 @@ def around_add_transfer_request(original, manager, room, *args, **kwargs):
 
 def around_update_status(original, manager, room, status, *args, **kwargs):
     if (status == Poll.WaitingForInput and _builder() is not None and room not in manager.request_status
-            and REGISTRY.was_closed(room)):
-        return reject_late_main(manager, room)
+            and REGISTRY.refuses(room)):
+        return refuse_room(manager, room, REFUSED_REASON)
     return original(manager, room, status, *args, **kwargs)
 
 

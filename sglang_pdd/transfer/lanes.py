@@ -30,33 +30,39 @@ RELAY_PATH = "relay"
 
 
 class FanoutRegistry:
-    """Rooms that are the two legs of a fan-out: main room -> relay room; and the main rooms that
-    were closed lately (a main decode registering for one of those is late: see mooncake_fanout)."""
+    """Rooms that are the two legs of a fan-out: main room -> relay room; and the rooms this prefill
+    refuses registrations for: main rooms closed lately (a main decode registering for one of those
+    is late) and rooms of rejected requests (see mooncake_fanout.refuse_room)."""
 
     def __init__(self, remember_closed: int = 65536) -> None:
         self._lock = threading.Lock()
         self._relay_of: dict[int, int] = {}
         self._relay_rooms: dict[int, int] = {}  # relay room -> main room
-        self._closed: OrderedDict[int, None] = OrderedDict()
-        self._remember_closed = remember_closed
+        self._refused: OrderedDict[int, None] = OrderedDict()
+        self._remember = remember_closed
 
     def open(self, relay_room: int, main_room: int) -> None:
         with self._lock:
             self._relay_of[main_room] = relay_room
             self._relay_rooms[relay_room] = main_room
-            self._closed.pop(main_room, None)
+            self._refused.pop(main_room, None)
 
     def close(self, main_room: int) -> None:
         with self._lock:
             relay_room = self._relay_of.pop(main_room, None)
             if relay_room is not None and self._relay_rooms.get(relay_room) == main_room:
                 del self._relay_rooms[relay_room]
-            self._closed[main_room] = None
-            while len(self._closed) > self._remember_closed:
-                self._closed.popitem(last=False)
+        self.refuse(main_room)
 
-    def was_closed(self, main_room: int) -> bool:
-        return main_room in self._closed
+    def refuse(self, room: int) -> None:
+        """Refuse later registrations for `room` (the last `remember_closed` such rooms are kept)."""
+        with self._lock:
+            self._refused[room] = None
+            while len(self._refused) > self._remember:
+                self._refused.popitem(last=False)
+
+    def refuses(self, room: int) -> bool:
+        return room in self._refused
 
     def is_main(self, room: int) -> bool:
         return room in self._relay_of

@@ -4,7 +4,8 @@
 built the request's sender (the relay's, room R): when the request carries
 `custom_params.pdd.main_room` (R2) it builds a second sender of the same class on the same KV manager
 and bootstrap server for R2, and puts a `FanoutSender` over both in `req.disagg_kv_sender`.
-`check(req)` runs before it and turns a malformed `pdd` parameter into a clear error for that request.
+`FanoutBuilder.main_room(req)` runs before it and turns a malformed `pdd` parameter into a clear error
+for that request.
 
 The adapters the plain fan-out logic needs live here too: `MooncakeRooms` (the manager's per-room
 state) and `MetadataRows` (P's metadata slots, and the copy of a row that names the main's room).
@@ -57,18 +58,21 @@ class MooncakeRooms:
 
 
 LATE_MAIN_REASON = "the prefill gave this main room up before the main decode registered (bootstrap timeout)"
+REFUSED_REASON = "the prefill will not send this room (its fan-out is over, or the request was rejected)"
 
 
-def reject_late_main(kv_mgr: Any, room: int) -> None:
-    """A main decode registered for a main room whose fan-out is over: tell it the room failed and
-    forget its registration, instead of letting the manager re-create the room (it would stay in the
-    manager's tables, and the main decode would wait for KV until its own timeout)."""
+def refuse_room(kv_mgr: Any, room: int, reason: str) -> None:
+    """A decode registered for a room this prefill will never send (a main room whose fan-out is
+    over, a rejected request): tell it the room failed and forget its registration, instead of
+    keeping the room in the manager's tables while the decode waits for KV until its own timeout."""
     targets = kv_mgr._room_notify_targets(room)
     kv_mgr.transfer_infos.pop(room, None)
     kv_mgr.req_to_decode_prefix_len.pop(room, None)
-    kv_mgr.send_kv_status_message(targets=targets, bootstrap_room=room, status=Poll.Failed,
-                                  failure_reason=LATE_MAIN_REASON)
-    logger.info("main room %s registered after its fan-out ended: told it failed", room)
+    kv_mgr.request_status.pop(room, None)
+    if targets:
+        kv_mgr.send_kv_status_message(targets=targets, bootstrap_room=room, status=Poll.Failed,
+                                      failure_reason=reason)
+        logger.info("room %s: refused the decode's registration: %s", room, reason)
 
 
 class MetadataRows:

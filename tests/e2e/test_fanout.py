@@ -278,11 +278,18 @@ class TestPageSize1:
     ])
     def test_malformed_pdd_param_fails_that_request_only(self, fan1, reference_server, prompts, pdd, words):
         ids = prompts.ids(30, seed=830)
-        body = with_pdd({**greedy_body(ids, 4), "bootstrap_host": "127.0.0.1",
-                         "bootstrap_port": fan1.bootstrap_port, "bootstrap_room": random.getrandbits(63)}, pdd)
-        status, out = http_json(fan1.prefill.url + "/generate", body, timeout=60)
+        body = {**greedy_body(ids, 4), "bootstrap_host": "127.0.0.1", "bootstrap_port": fan1.bootstrap_port,
+                "bootstrap_room": random.getrandbits(63)}
+        relay: dict = {}
+        t = threading.Thread(target=lambda: relay.update(
+            r=http_json(fan1.relay.url + "/generate", body, timeout=120)))  # the relay got it too
+        t.start()
+        status, out = http_json(fan1.prefill.url + "/generate", with_pdd(body, pdd), timeout=60)
+        t.join()
         assert status == 400 and words in json.dumps(out), (status, out)
-        assert fan1.prefill.alive()
+        assert relay["r"][0] != 200, relay  # told the room failed, not left waiting for KV
+        assert fan1.prefill.alive() and fan1.relay.alive()
+        assert_prefill_idle(fan1)  # no room of it left in P's tables
         r = fanout_generate(fan1, ids)
         assert ids_of(r["relay"]) == greedy_ids(reference_server.url, ids, NEW_TOKENS)
         assert_prefill_idle(fan1)
@@ -303,7 +310,7 @@ class TestPageSize1:
         late_s = time.monotonic() - t0
         assert status != 200, late
         room2 = r["main_body"]["bootstrap_room"]
-        assert f"main room {room2} registered after its fan-out ended" in fan1.prefill.log_text()
+        assert f"room {room2}: refused the decode's registration" in fan1.prefill.log_text()
         assert_prefill_idle(fan1)
         FIGURES["never_bootstraps"] = {"relay_done_s": r["relay_s"], "prefill_released_s": r["prefill_s"],
                                        "timeout_s": MAIN_BOOTSTRAP_TIMEOUT,

@@ -130,7 +130,7 @@ class FakeClock:
 
 
 class FakeKVManager:
-    """The parts of a Mooncake prefill KV manager that MooncakeRooms / reject_late_main touch."""
+    """The parts of a Mooncake prefill KV manager that MooncakeRooms / refuse_room touch."""
 
     def __init__(self) -> None:
         import threading

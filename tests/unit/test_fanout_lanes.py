@@ -118,14 +118,15 @@ def test_the_mains_metadata_row_is_a_copy_that_names_the_mains_room():
     assert bufs.kv_checksum[3].sum().item() == 0 and bufs.kv_checksum[1].sum().item() == 8
 
 
-def test_closed_main_rooms_are_remembered_boundedly():
-    reg = FanoutRegistry(remember_closed=2)
+def test_closed_main_rooms_and_rejected_rooms_are_refused_boundedly():
+    reg = FanoutRegistry(remember_closed=3)
     for room in (10, 11, 12):
         reg.open(room + 100, room)
         reg.close(room)
-    assert not reg.was_closed(10) and reg.was_closed(11) and reg.was_closed(12)
-    reg.open(112, 12)  # a room in use again is not "closed"
-    assert not reg.was_closed(12)
+    reg.refuse(99)  # a rejected request's room
+    assert not reg.refuses(10) and reg.refuses(11) and reg.refuses(12) and reg.refuses(99)
+    reg.open(112, 12)  # a room in use again is not refused
+    assert not reg.refuses(12)
 
 
 def test_a_main_given_up_and_registering_before_release_is_told_it_failed():
@@ -141,7 +142,7 @@ def test_a_main_given_up_and_registering_before_release_is_told_it_failed():
     kv.register(R2, "md:1", "10.0.0.9", 5000)  # the main decode shows up late
     rooms.release(R2)
     assert kv.status_messages == [([("10.0.0.9", 5000)], R2, 0)]
-    assert R2 not in kv.failure_records and reg.was_closed(R2)
+    assert R2 not in kv.failure_records and reg.refuses(R2)
 
 
 def test_a_main_that_succeeded_gets_no_extra_message_on_release():
@@ -155,13 +156,16 @@ def test_a_main_that_succeeded_gets_no_extra_message_on_release():
     assert kv.status_messages == []
 
 
-def test_a_late_main_registration_is_refused_and_forgotten():
-    from sglang_pdd.transfer.mooncake_fanout import reject_late_main
+def test_a_refused_registration_is_told_it_failed_and_forgotten():
+    from sglang_pdd.transfer.mooncake_fanout import refuse_room
 
     from .fakes import FakeKVManager
 
     kv = FakeKVManager()
     kv.register(R2, "md:1", "10.0.0.9", 5000, prefix=32)
-    reject_late_main(kv, R2)
+    kv.request_status[R2] = 2  # registered before the prefill rejected the request
+    refuse_room(kv, R2, "rejected")
     assert kv.status_messages == [([("10.0.0.9", 5000)], R2, 0)]
     assert R2 not in kv.transfer_infos and R2 not in kv.req_to_decode_prefix_len and R2 not in kv.request_status
+    refuse_room(kv, R2, "rejected")  # nobody registered: nothing to tell
+    assert len(kv.status_messages) == 1
