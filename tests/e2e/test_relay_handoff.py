@@ -103,7 +103,7 @@ def test_part_of_the_prompt_already_cached_on_main(pdd, reference_server, prompt
     first = prompts.ids(900, seed=60)
     r1 = check(pdd, reference_server, first, n=24, relay_delay_s=0.5)
     second = first + r1.tokens + prompts.ids(80, seed=61)  # the next turn of the conversation
-    r2 = check(pdd, reference_server, second, n=24, main_delay_s=0.3)
+    r2 = check(pdd, reference_server, second, n=120, main_delay_s=0.3)
     assert r2.main["meta_info"]["cached_tokens"] >= len(first)
 
 
@@ -176,5 +176,5 @@ def test_relay_finishing_first_tells_main_which_lets_go(pdd, reference_server, p
     assert "error" in r.main or r.main["meta_info"]["finish_reason"]["type"] == "abort"
     # MD let its KV land anyway (--pdd-relay-finished-kv keep): the next turn hits MD's cache
     second = ids + r.tokens + prompts.ids(30, seed=51)
-    r2 = check(pdd, reference_server, second, n=24, main_delay_s=0.3)
+    r2 = check(pdd, reference_server, second, n=120, main_delay_s=0.3)
     assert r2.main["meta_info"]["cached_tokens"] >= len(ids)
