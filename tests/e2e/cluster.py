@@ -64,3 +64,32 @@ def wait_for_metric(url: str, name: str, state: str, timeout_s: float = 30.0) ->
             return got[state]
         time.sleep(0.5)
     raise AssertionError(f"{url} never published {name}")
+
+
+@dataclass
+class PDDServers:
+    prefill: ServerProcess
+    relay: ServerProcess
+    main: ServerProcess
+    bootstrap_port: int
+    token_port: int
+    idle_rows: dict  # request rows free on RLD and MD when idle: what leak checks return to
+
+
+def start_pdd(server_group, model: str, *, base_port: int, bootstrap_port: int, token_port: int,
+              handoff_timeout: float) -> PDDServers:
+    """P (--pdd-role prefill), RLD (relay) and MD (main, decode radix cache) in one namespace."""
+    timeout = ["--pdd-handoff-timeout", f"{handoff_timeout:g}"]
+    p = server_group.start(f"pdd-prefill-{base_port}", ServerConfig(
+        model=model, port=base_port, nccl_port=base_port + 1000, mode="prefill", bootstrap_port=bootstrap_port,
+        extra=["--pdd-role", "prefill"]))
+    rld = server_group.start(f"pdd-relay-{base_port + 1}", ServerConfig(
+        model=model, port=base_port + 1, nccl_port=base_port + 1001, mode="decode", bootstrap_port=bootstrap_port,
+        extra=["--pdd-role", "relay", "--pdd-token-port", str(token_port), *timeout]))
+    md = server_group.start(f"pdd-main-{base_port + 2}", ServerConfig(
+        model=model, port=base_port + 2, nccl_port=base_port + 1002, mode="decode", bootstrap_port=bootstrap_port,
+        decode_radix_cache=True, extra=["--pdd-role", "main", *timeout]))
+    for s in (p, rld, md):
+        s.wait_ready()
+    idle = {s.url: wait_for_metric(s.url, "sglang_pdd_req_rows", "free") for s in (rld, md)}
+    return PDDServers(p, rld, md, bootstrap_port, token_port, idle)

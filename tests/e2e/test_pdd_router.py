@@ -8,10 +8,10 @@ import urllib.request
 import pytest
 
 from sglang_pdd.testing.client import greedy_body, greedy_ids, stream_generate
-from sglang_pdd.testing.launch_args import PddRouterConfig, ServerConfig
+from sglang_pdd.testing.launch_args import PddRouterConfig
 from sglang_pdd.testing.servers import http_json
 
-from .cluster import by_state, metric, wait_for_metric
+from .cluster import by_state, metric, start_pdd
 
 pytestmark = pytest.mark.e2e
 
@@ -21,19 +21,10 @@ N = 96
 
 @pytest.fixture(scope="module")
 def router(server_group, tiny_model):
-    base, boot = 30800, 8996
-    p = server_group.start("router-prefill", ServerConfig(
-        model=tiny_model, port=base, nccl_port=base + 1000, mode="prefill", bootstrap_port=boot,
-        extra=["--pdd-role", "prefill"]))
-    rld = server_group.start("router-relay", ServerConfig(
-        model=tiny_model, port=base + 1, nccl_port=base + 1001, mode="decode", bootstrap_port=boot,
-        extra=["--pdd-role", "relay", "--pdd-token-port", str(TOKEN_PORT), "--pdd-handoff-timeout", "10"]))
-    md = server_group.start("router-main", ServerConfig(
-        model=tiny_model, port=base + 2, nccl_port=base + 1002, mode="decode", bootstrap_port=boot,
-        decode_radix_cache=True, extra=["--pdd-role", "main", "--pdd-handoff-timeout", "10"]))
-    for s in (p, rld, md):
-        s.wait_ready()
-    idle_rows = {s.url: wait_for_metric(s.url, "sglang_pdd_req_rows", "free") for s in (rld, md)}
+    pdd = start_pdd(server_group, tiny_model, base_port=30800, bootstrap_port=8996, token_port=TOKEN_PORT,
+                    handoff_timeout=10)
+    p, rld, md, boot, idle_rows = pdd.prefill, pdd.relay, pdd.main, pdd.bootstrap_port, pdd.idle_rows
+    base = 30800
     relay_router = server_group.start("pdd-router", PddRouterConfig(
         prefill=[(p.url, boot)], relay=[(rld.url, TOKEN_PORT)], main=[md.url], tokenizer=tiny_model,
         port=base + 3, pipeline="relay")).wait_ready()

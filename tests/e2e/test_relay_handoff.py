@@ -9,8 +9,7 @@ import pytest
 from sglang_pdd.testing.client import generate, greedy_body, greedy_ids
 from sglang_pdd.testing.servers import http_json
 
-from .cluster import metric, wait_for_metric
-from sglang_pdd.testing.launch_args import ServerConfig
+from .cluster import metric, start_pdd
 from sglang_pdd.testing.pdd_client import Roles, relayed_generate
 
 pytestmark = pytest.mark.e2e
@@ -23,20 +22,10 @@ HANDOFF_TIMEOUT = 10
 
 @pytest.fixture(scope="module")
 def pdd(server_group, tiny_model):
-    base, boot = 30700, 8997
-    p = server_group.start("pdd-prefill", ServerConfig(
-        model=tiny_model, port=base, nccl_port=base + 1000, mode="prefill", bootstrap_port=boot,
-        extra=["--pdd-role", "prefill"]))
-    rld = server_group.start("pdd-relay", ServerConfig(
-        model=tiny_model, port=base + 1, nccl_port=base + 1001, mode="decode", bootstrap_port=boot,
-        extra=["--pdd-role", "relay", "--pdd-token-port", str(TOKEN_PORT), "--pdd-handoff-timeout", str(HANDOFF_TIMEOUT)]))
-    md = server_group.start("pdd-main", ServerConfig(
-        model=tiny_model, port=base + 2, nccl_port=base + 1002, mode="decode", bootstrap_port=boot,
-        decode_radix_cache=True, extra=["--pdd-role", "main", "--pdd-handoff-timeout", str(HANDOFF_TIMEOUT)]))
-    for s in (p, rld, md):
-        s.wait_ready()
-    for s in (rld, md):  # request rows free when idle: the baseline the leak check returns to
-        IDLE_ROWS[s.url] = wait_for_metric(s.url, "sglang_pdd_req_rows", "free")
+    servers = start_pdd(server_group, tiny_model, base_port=30700, bootstrap_port=8997, token_port=TOKEN_PORT,
+                        handoff_timeout=HANDOFF_TIMEOUT)
+    IDLE_ROWS.update(servers.idle_rows)
+    p, rld, md, boot = servers.prefill, servers.relay, servers.main, servers.bootstrap_port
     return Roles(prefill=p.url, relay=rld.url, main=md.url, bootstrap_host="127.0.0.1",
                  bootstrap_port=boot, token_channel=f"tcp://127.0.0.1:{TOKEN_PORT}")
 
