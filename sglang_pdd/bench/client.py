@@ -28,6 +28,8 @@ class StreamResult:
     output_ids: list[int] = field(default_factory=list)
     error: str = ""
     finish_reason: dict = field(default_factory=dict)  # meta_info.finish_reason of the last chunk
+    pipeline: str = ""  # the PDD router's choice (meta_info.pdd), empty for other systems
+    handoff_tokens: int | None = None  # eager tokens RLD handed over (None: no handoff)
 
     @property
     def tpot_s(self) -> float | None:
@@ -95,4 +97,6 @@ def stream(url: str, body: dict, timeout_s: float = 300.0) -> StreamResult:
                         prompt_tokens=int(meta.get("prompt_tokens", 0)),
                         output_tokens=int(meta.get("completion_tokens", len(ids))),
                         cached_tokens=int(meta.get("cached_tokens", 0)), output_ids=ids,
-                        finish_reason=dict(meta.get("finish_reason") or {}))
+                        finish_reason=dict(meta.get("finish_reason") or {}),
+                        pipeline=str((meta.get("pdd") or {}).get("pipeline") or ""),
+                        handoff_tokens=(meta.get("pdd") or {}).get("handoff_tokens"))

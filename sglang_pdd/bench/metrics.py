@@ -30,6 +30,8 @@ class RequestRecord:
     output_tokens: int = 0
     cached_tokens: int = 0  # as the serving system reports it
     error: str = ""
+    pipeline: str = ""  # PDD router's pipeline for this request (P->MD, P->RLD->MD, P->RLD)
+    handoff_tokens: int | None = None
 
     @property
     def done_s(self) -> float:

@@ -101,7 +101,8 @@ def replay(send: Send, reqs: Sequence[WorkloadRequest], vocab_size: int, timeout
                 request_id=r.request_id, session_id=r.session_id, turn=r.turn, input_len=r.input_len,
                 hit_rate=r.hit_rate, sent_s=sent, ok=res.ok, ttft_s=res.ttft_s, e2e_s=res.e2e_s,
                 tpot_s=res.tpot_s, prompt_tokens=res.prompt_tokens, output_tokens=res.output_tokens,
-                cached_tokens=res.cached_tokens, error=res.error)
+                cached_tokens=res.cached_tokens, error=res.error, pipeline=res.pipeline,
+                handoff_tokens=res.handoff_tokens)
             with lock:
                 records.append(rec)
                 progress.update(1)
