@@ -6,6 +6,7 @@ Without a PDD role (or on prefill) every body returns at once and sglang runs un
 from __future__ import annotations
 
 import logging
+import time
 
 from sglang_pdd import metrics
 from sglang_pdd.config import PddConfig
@@ -14,6 +15,7 @@ from sglang_pdd.roles import Role
 logger = logging.getLogger(__name__)
 
 _UNSET = object()
+PUBLISH_EVERY_S = 0.25
 
 
 def runtime(scheduler):
@@ -54,10 +56,15 @@ def around_process_decode_queue(original, scheduler, *a, **kw):
         return result
     if hasattr(rt, "after_process_decode_queue"):
         rt.after_process_decode_queue()
-        metrics.publish_pool_state("main", scheduler)
     else:
         rt.poll()
-        metrics.publish_pool_state("relay", scheduler)
+    now = time.monotonic()
+    if now - getattr(rt, "_published_at", 0.0) >= PUBLISH_EVERY_S:  # the loop can spin: gauges are not free
+        rt._published_at = now
+        role = "main" if hasattr(rt, "after_process_decode_queue") else "relay"
+        metrics.publish_pool_state(role, scheduler)
+        if role == "main":
+            rt.publish()
     return result
 
 

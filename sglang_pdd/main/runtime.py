@@ -68,6 +68,9 @@ class MainRuntime:
             s.waiting_queue = keep
         for a in self.handoff.poll():
             self._abort(a)
+
+    def publish(self) -> None:
+        """Gauges and counter deltas for /metrics (called at a bounded rate by the hook)."""
         rejected = {**self.channel.rejected, "unknown_room": self.handoff.stats.unknown_messages}
         metrics.export_channel_rejects("main", rejected, self._rejects_seen)
         metrics.set_held("main", len(self.handoff.held()))
