@@ -115,7 +115,9 @@ class Dispatcher:
                 if stitcher.done:  # the relay finished the request itself
                     outcome.output_logprobs = lp or None
                     if pipeline is Pipeline.P_RLD_MD:  # MD keeps landing its KV: the next turn hits it
-                        self._leave_running([t for (name, _, _), t in zip(calls, tasks) if name == "main"])
+                        # P's copy too: P answers only once MD's part is done, and aborting it would
+                        # fail MD's transfer.
+                        self._leave_running([t for (name, _, _), t in zip(calls, tasks) if name in ("main", "prefill")])
                         self.views[md.url].insert(list(input_ids))  # MD gets the prompt, not RLD's output
                     return
                 outcome.handoff_k = stitcher.handoff_k
