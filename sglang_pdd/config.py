@@ -59,6 +59,13 @@ FLAGS: tuple[FlagSpec, ...] = (
     FlagSpec("relay_finished_kv", str, "keep", "main: when RelayDecode finishes a relayed request itself, "
              "'keep' lets MD's KV transfer land and keeps it in the radix cache (MD's cache stays aligned "
              "with P's: the next turn hits), 'abort' cancels the WAN transfer.", choices=("keep", "abort")),
+    FlagSpec("handoff_mode", str, "adaptive", "main: how RelayDecode hands a request over: 'one-shot' (all "
+             "eager tokens, one EXTEND), 'catch-up' (chunks while RLD keeps decoding, then a final step), "
+             "'adaptive' (RLD picks per request from its load and MD's batch).",
+             choices=("one-shot", "catch-up", "adaptive")),
+    FlagSpec("catchup_chunk", int, 32, "main: tokens per catch-up chunk (the largest EXTEND a handoff adds "
+             "to MD's step)."),
+    FlagSpec("catchup_gap", int, 2, "main: catch-up ends once at most this many eager tokens remain."),
     FlagSpec("handoff_timeout", float, 60.0, "main: seconds to wait for RelayDecode's eager tokens after "
              "the KV arrived before the request fails cleanly; relay: seconds a relayed request may wait "
              "for MainDecode after it finished locally."),
@@ -72,6 +79,9 @@ class PddConfig:
     relay_finished_kv: str = "keep"
     main_bootstrap_timeout: float = 30.0
     handoff_timeout: float = 60.0
+    handoff_mode: str = "adaptive"
+    catchup_chunk: int = 32
+    catchup_gap: int = 2
 
     @property
     def active(self) -> bool:
@@ -109,8 +119,15 @@ class PddConfig:
                 raise PddConfigError(f"--pdd-{name.replace('_', '-')}: must be > 0 seconds, got {d[name]}")
         if d.get("relay_finished_kv", "keep") not in ("keep", "abort"):
             raise PddConfigError(f"--pdd-relay-finished-kv: invalid choice {d['relay_finished_kv']!r} (keep, abort)")
-        rest = {k: d[k] for k in ("token_port", "relay_finished_kv", "main_bootstrap_timeout", "handoff_timeout")
-                if k in d}
+        if d.get("handoff_mode", "adaptive") not in ("one-shot", "catch-up", "adaptive"):
+            raise PddConfigError(f"--pdd-handoff-mode: invalid choice {d['handoff_mode']!r} "
+                                 "(one-shot, catch-up, adaptive)")
+        if "catchup_chunk" in d and not 1 <= int(d["catchup_chunk"]) <= 65536:
+            raise PddConfigError(f"--pdd-catchup-chunk: must be 1..65536 tokens, got {d['catchup_chunk']}")
+        if "catchup_gap" in d and not 0 <= int(d["catchup_gap"]) <= int(d.get("catchup_chunk", 32)):
+            raise PddConfigError(f"--pdd-catchup-gap: must be 0..--pdd-catchup-chunk, got {d['catchup_gap']}")
+        rest = {k: d[k] for k in ("token_port", "relay_finished_kv", "main_bootstrap_timeout", "handoff_timeout",
+                                  "handoff_mode", "catchup_chunk", "catchup_gap") if k in d}
         return cls(role=Role(role) if role else None, **rest)
 
     @classmethod
@@ -138,6 +155,8 @@ class PddConfig:
         if not self.active:
             return "role=none (plain sglang)"
         extra = f", token channel :{self.token_port}" if self.role is Role.RELAY else ""
+        if self.role is Role.MAIN:
+            extra = f", handoff {self.handoff_mode} (chunk {self.catchup_chunk}, gap {self.catchup_gap})"
         return f"role={self.role.value}{extra}"
 
 

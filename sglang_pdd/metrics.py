@@ -113,3 +113,23 @@ def publish_pool_state(role: str, scheduler) -> None:
     r = _gauge("req_rows", "Request rows (req_to_token) by state", ("role", "state"))
     r.labels(role, "free").set(rows.available_size())
     r.labels(role, "total").set(rows.size)
+
+
+def record_handoff_mode(role: str, mode: str, reason: str) -> None:
+    """The handoff mode fixed for one request (on RLD, which decides) and why (a short label)."""
+    _counter("handoff_mode", "Handoffs by mode (one-shot, catch-up) and the reason of the choice",
+             ("role", "mode", "reason")).labels(role, mode, reason).inc()
+
+
+def record_catchup_chunks(role: str, chunks: int, n_tokens: int) -> None:
+    _counter("catchup_chunks", "Non-final catch-up chunks", ("role",)).labels(role).inc(chunks)
+    _counter("catchup_chunk_tokens", "Eager tokens sent or recomputed in non-final catch-up chunks",
+             ("role",)).labels(role).inc(n_tokens)
+
+
+def set_handoff_policy_inputs(rld_running: int, rld_kv_usage: float, md_batch: int) -> None:
+    """The inputs of RLD's last adaptive handoff choice."""
+    g = _gauge("handoff_policy_input", "Inputs of the last adaptive handoff-mode choice", ("input",))
+    g.labels("rld_running").set(rld_running)
+    g.labels("rld_kv_usage").set(rld_kv_usage)
+    g.labels("md_batch").set(md_batch)

@@ -66,6 +66,8 @@ HOOKS: tuple[Hook, ...] = (
          "decode:around_process_decode_queue", "AROUND"),
     Hook(f"{_SRT}.managers.scheduler.Scheduler.get_next_disagg_decode_batch_to_run",
          "decode:around_get_next_disagg_decode_batch_to_run", "AROUND"),
+    Hook(f"{_SRT}.managers.scheduler.Scheduler.process_batch_result", "decode:around_process_batch_result",
+         "AROUND"),
     Hook(f"{_SRT}.managers.scheduler.Scheduler.is_fully_idle", "decode:after_is_fully_idle", "AFTER"),
     Hook(f"{_SRT}.managers.scheduler.Scheduler.abort_request", "decode:after_abort_request", "AFTER"),
 )

@@ -81,6 +81,14 @@ def around_get_next_disagg_decode_batch_to_run(original, scheduler, running_batc
     return NextBatchPlan(batch_to_run=batch, running_batch=running_batch)
 
 
+def around_process_batch_result(original, scheduler, batch, result, *a, **kw):
+    """A catch-up chunk's EXTEND is MainDecode's: it only wrote KV (see MainRuntime.on_chunk_result)."""
+    rt = getattr(scheduler, "_pdd_runtime", None)
+    if rt is not None and hasattr(rt, "owns") and rt.owns(batch):
+        return rt.on_chunk_result(batch, result)
+    return original(scheduler, batch, result, *a, **kw)
+
+
 def after_is_fully_idle(result, scheduler, *a, **kw):
     rt = runtime(scheduler)
     if result and rt is not None and hasattr(rt, "busy") and rt.busy():

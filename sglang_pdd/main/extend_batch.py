@@ -12,6 +12,10 @@ Bookkeeping mirrors `prepare_for_prebuilt` (cached-token accounting) and avoids 
 `refresh_fill_ids()` after the eager tokens are appended, `prefix_len = n` (prealloc left the radix
 hit there), no input logprobs for the eager tokens (`logprob_start_len = -1` while preparing; their
 output logprobs come from the relay), grammar and penalizers see t1..tk.
+
+Catch-up runs the same step over chunks: a chunk from eager index `start` extends a row that holds
+KV[0, n+start) (prefix_len = n+start, like a later chunk of chunked prefill). A non-final chunk's
+result is taken by the runtime instead of sglang: its sampled token is dropped and nothing streams.
 """
 
 from __future__ import annotations
@@ -28,53 +32,60 @@ def slots_needed(n_prompt: int, k: int, page_size: int) -> int:
     return -(-(n_prompt + k) // page_size) * page_size - (n_prompt // page_size) * page_size
 
 
-def _prepare_req(req, tokens: list[int], tree_cache, drc: bool, logprobs: list[float] | None) -> None:
+def _prepare_req(req, start: int, tokens: list[int], tree_cache, drc: bool, logprobs: list[float] | None) -> None:
+    """Set the request up to EXTEND over eager tokens t(start+1)..: its row holds KV[0, n+start)."""
     from sglang.srt.disaggregation.decode import _bind_root_prefix
 
     n = len(req.origin_input_ids)
-    if len(req.output_ids) != 1 or req.kv.kv_committed_len != n:
-        raise HandoffError(f"request {req.rid}: expected 1 output and {n} committed KV, got "
+    outputs = 1 if start == 0 else start  # at start 0 the one output is P's t1, replaced by RLD's
+    if len(req.output_ids) != outputs or req.kv.kv_committed_len != n + start:
+        raise HandoffError(f"request {req.rid}: expected {outputs} outputs and {n + start} committed KV, got "
                            f"{len(req.output_ids)} and {req.kv.kv_committed_len}")
-    if drc and req.last_node is None:
-        _bind_root_prefix(req, tree_cache)
-    if not req.retracted_stain:
-        delta = max(0, req.prefix_len - req.already_computed)
-        req.cached_tokens += delta
-        req.cached_tokens_device += delta
-        req.already_computed = n
-        req._cache_breakdown_computed = True
-    # The relay's t1 wins over P's (they are the same token; P's is what the relay started from).
-    del req.output_ids[:]  # a list or an array.array, depending on the sglang build
+    if start == 0:
+        if drc and req.last_node is None:
+            _bind_root_prefix(req, tree_cache)
+        if not req.retracted_stain:
+            delta = max(0, req.prefix_len - req.already_computed)
+            req.cached_tokens += delta
+            req.cached_tokens_device += delta
+            req.already_computed = n
+            req._cache_breakdown_computed = True
+    del req.output_ids[start:]  # a list or an array.array, depending on the sglang build
     req.output_ids.extend(int(t) for t in tokens)
     if req.grammar is not None:
         for t in tokens:
             req.grammar.accept_token(int(t))
     if req.return_logprob:
-        lp = req.logprob
-        extra = tokens[1:]
-        vals = (logprobs or [])[1:] if logprobs and len(logprobs) == len(tokens) else [0.0] * len(extra)
-        lp.output_token_logprobs_val.extend(vals)
-        lp.output_token_logprobs_idx.extend(int(t) for t in extra)
-        if lp.top_logprobs_num > 0:
-            lp.output_top_logprobs_val.extend([] for _ in extra)
-            lp.output_top_logprobs_idx.extend([] for _ in extra)
-        if lp.token_ids_logprob is not None:
-            lp.output_token_ids_logprobs_val.extend([] for _ in extra)
-            lp.output_token_ids_logprobs_idx.extend([] for _ in extra)
+        _append_logprobs(req.logprob, tokens, logprobs, skip_first=start == 0)  # P sent t1's logprob
     req.refresh_fill_ids()
-    req.prefix_len = n
-    req.extend_end = n + len(tokens)
+    req.prefix_len = n + start
+    req.extend_end = n + start + len(tokens)
 
 
-def build(scheduler, items: list):
-    """Prepare the requests (`main.handoff.Pending` items) and return the EXTEND `ScheduleBatch`."""
+def _append_logprobs(lp, tokens: list[int], logprobs: list[float] | None, skip_first: bool) -> None:
+    extra = tokens[1:] if skip_first else tokens
+    vals = logprobs[len(tokens) - len(extra):] if logprobs and len(logprobs) == len(tokens) else [0.0] * len(extra)
+    lp.output_token_logprobs_val.extend(vals)
+    lp.output_token_logprobs_idx.extend(int(t) for t in extra)
+    if lp.top_logprobs_num > 0:
+        lp.output_top_logprobs_val.extend([] for _ in extra)
+        lp.output_top_logprobs_idx.extend([] for _ in extra)
+    if lp.token_ids_logprob is not None:
+        lp.output_token_ids_logprobs_val.extend([] for _ in extra)
+        lp.output_token_ids_logprobs_idx.extend([] for _ in extra)
+
+
+def build(scheduler, items: list, final: bool = True):
+    """Prepare the requests (`main.handoff.Pending` items) and return the EXTEND `ScheduleBatch`.
+    `final`: the handoff's last tokens (sglang samples and streams the next one); otherwise catch-up
+    chunks, whose result the runtime takes instead of sglang (no penalties: nothing is sampled)."""
     from sglang.srt.managers.schedule_batch import ScheduleBatch
     from sglang.srt.runtime_context import get_disagg
 
     drc = bool(get_disagg().disaggregation_decode_enable_radix_cache)
     reqs = []
     for p in items:
-        _prepare_req(p.req, p.tokens, scheduler.tree_cache, drc, p.logprobs)
+        _prepare_req(p.req, p.have, p.tokens, scheduler.tree_cache, drc, p.logprobs)
         reqs.append(p.req)
     batch = ScheduleBatch.init_new(
         reqs, scheduler.req_to_token_pool, scheduler.token_to_kv_pool_allocator, scheduler.tree_cache,
@@ -88,7 +99,8 @@ def build(scheduler, items: list):
     finally:
         for r, s in zip(reqs, saved):
             r.logprob_start_len = s
-    _count_penalties(batch, [p.tokens for p in items])
+    if final:
+        _count_penalties(batch, [list(p.req.output_ids) for p in items])
     return batch
 
 
@@ -101,8 +113,9 @@ def needs_penalties(req) -> bool:
 
 def _count_penalties(batch, token_lists: list[list[int]]) -> None:
     """Penalizers must have seen t1..tk as outputs before t(k+1) is sampled, as in plain decode
-    (where each output is counted when it becomes a step's input). `take_ready` gives such a request
-    a batch of its own, so every column below is full."""
+    (where each output is counted when it becomes a step's input). The batch's penalizer state is
+    new, so all k count, catch-up chunks included. `take_ready` gives such a request a batch of its
+    own, so every column below is full."""
     orch = getattr(batch.sampling_info, "penalizer_orchestrator", None)
     if orch is None or not getattr(orch, "is_required", False):
         return

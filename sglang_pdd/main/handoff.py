@@ -3,12 +3,17 @@
 Per relayed request (MD's copy, keyed by the relay's address and room):
 
     admitted --(KV transfer done: kv_arrived)--> waiting_tokens --(Tokens)--> ready --(take_ready)--> gone
+       |                                              ^                         |  (final tokens)
+       |                                              +--(chunk_done)-- extending <-+  (catch-up chunk)
        |   \\_____________ Finished / Reject / timeout: an abort action _____________/
        +--(Finished, keep_kv)--> draining --(kv_arrived)--> an abort action that keeps the KV
 
 `admit` sends `Watch` at once, so a relay that finishes the request itself can say so while MD's WAN
-transfer is still running. `kv_arrived` sends `Ready`. `poll` turns channel messages and timeouts into
-`Abort` actions for the scheduler hook, which knows where the request sits.
+transfer is still running. `kv_arrived` sends `Ready(have=0, mode, chunk, gap, md_batch)`. Tokens
+must continue exactly where MD's KV ends (`start == have`). A non-final (catch-up) chunk is
+recomputed by an EXTEND whose sampled token is dropped; `chunk_done` then asks for the rest with
+`Ready(have)`. The final tokens go through the one-shot path. `poll` turns channel messages and
+timeouts into `Abort` actions for the scheduler hook, which knows where the request sits.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ logger = logging.getLogger(__name__)
 
 ADMITTED, WAITING_TOKENS, READY = "admitted", "waiting_tokens", "ready"
 DRAINING = "draining"  # the relay finished the request; MD lets its KV land, keeps it, and ends it
+EXTENDING = "extending"  # a catch-up chunk is in this iteration's EXTEND batch
+HELD = (WAITING_TOKENS, READY, EXTENDING)
 
 
 class Channel(Protocol):
@@ -40,8 +47,14 @@ class Pending:
     relay_room: int
     state: str = ADMITTED
     since: float = 0.0
-    tokens: list[int] | None = None
+    tokens: list[int] | None = None  # the tokens to recompute next, from index `have`
     logprobs: list[float] | None = None
+    final: bool = True  # `tokens` end the handoff (one-shot, or catch-up's last chunk)
+    have: int = 0  # eager tokens whose KV MD has computed (catch-up chunks done)
+    mode: str = "adaptive"  # what MD asks for: one-shot, catch-up, adaptive
+    chunk: int = 32
+    gap: int = 2
+    chosen: str = ""  # the mode the relay chose
     drop_eager_kv: bool = False  # test-only negative control (see RequestParams)
 
 
@@ -61,13 +74,17 @@ class MainStats:
     relay_finished: int = 0
     failed: int = 0
     unknown_messages: int = 0
+    chunks: int = 0
+    chunk_tokens: int = 0
+    modes: dict[str, int] = field(default_factory=dict)  # completed handoffs by the relay's chosen mode
     extend_sizes: list[int] = field(default_factory=list)
 
 
 class MainHandoff:
     def __init__(self, channel: Channel, timeout_s: float, now: Callable[[], float] = time.monotonic,
-                 keep_kv_when_relay_finishes: bool = True):
+                 keep_kv_when_relay_finishes: bool = True, mode: str = "adaptive", chunk: int = 32, gap: int = 2):
         self.channel = channel
+        self.mode, self.chunk, self.gap = mode, chunk, gap
         self.keep_kv = keep_kv_when_relay_finishes
         self.timeout_s = timeout_s
         self.now = now
@@ -79,7 +96,8 @@ class MainHandoff:
     def admit(self, req: Any, params: RequestParams) -> None:
         key = (params.relay, params.relay_room)
         self.pending[key] = Pending(req, params.relay, params.relay_room, since=self.now(),
-                                    drop_eager_kv=params.test_drop_eager_kv)
+                                    mode=params.handoff or self.mode, chunk=params.chunk or self.chunk,
+                                    gap=self.gap, drop_eager_kv=params.test_drop_eager_kv)
         self.by_rid[req.rid] = key
         self.stats.admitted += 1
         self.channel.send(params.relay, Watch(room=params.relay_room))
@@ -87,20 +105,33 @@ class MainHandoff:
     def is_relayed(self, req: Any) -> bool:
         return req.rid in self.by_rid
 
-    def kv_arrived(self, req: Any) -> Abort | None:
+    def kv_arrived(self, req: Any, md_batch: int = 0) -> Abort | None:
         """MD's KV landed. Asks the relay for the tokens, or (draining) ends the request, KV kept."""
         p = self.pending[self.by_rid[req.rid]]
         if p.state == DRAINING:
             p.state = WAITING_TOKENS  # it is held now: the abort must release it
             return self._end(p, "pdd: the relay finished this request itself; MD kept its KV",
                              relay_finished=True)
-        p.state, p.since = WAITING_TOKENS, self.now()
-        self.channel.send(p.relay, Ready(room=p.relay_room))
+        self._ask(p, md_batch)
         logger.debug("main room %s: KV arrived, asked relay %s for tokens", p.relay_room, p.relay)
+
+    def chunk_done(self, p: Pending, md_batch: int = 0) -> None:
+        """A catch-up chunk's EXTEND ran: its KV is in MD's pool; ask for what follows."""
+        self.stats.chunks += 1
+        self.stats.chunk_tokens += len(p.tokens)
+        p.have += len(p.tokens)
+        p.tokens = p.logprobs = None
+        self._ask(p, md_batch)
+
+    def _ask(self, p: Pending, md_batch: int) -> None:
+        p.state, p.since = WAITING_TOKENS, self.now()
+        self.channel.send(p.relay, Ready(room=p.relay_room, have=p.have, mode=p.mode,
+                                         chunk=0 if p.mode == "one-shot" else p.chunk, gap=p.gap,
+                                         md_batch=md_batch))
 
     def held(self) -> list[Any]:
         """Requests whose KV arrived and that sglang's own queues no longer see."""
-        return [p.req for p in self.pending.values() if p.state in (WAITING_TOKENS, READY)]
+        return [p.req for p in self.pending.values() if p.state in HELD]
 
     def poll(self) -> list[Abort]:
         aborts: list[Abort] = []
@@ -112,11 +143,12 @@ class MainHandoff:
                                type(msg).__name__, msg.room, addr)
                 continue
             if isinstance(msg, Tokens) and p.state == WAITING_TOKENS:
-                if not msg.final or msg.start != 0 or not msg.ids:
+                if msg.start != p.have or not msg.ids or (not msg.final and p.mode == "one-shot"):
                     aborts.append(self._fail(p, f"relay sent tokens {msg.start}+{len(msg.ids)} final={msg.final}; "
-                                                "one-shot handoff expects all from 0"))
+                                                f"expected {p.mode} tokens from {p.have}"))
                 else:
-                    p.tokens, p.logprobs, p.state = list(msg.ids), msg.logprobs, READY
+                    p.tokens, p.logprobs, p.final, p.state = list(msg.ids), msg.logprobs, msg.final, READY
+                    p.chosen = msg.mode
             elif isinstance(msg, Finished):
                 self.stats.relay_finished += 1
                 if p.state == ADMITTED and self.keep_kv:
@@ -135,13 +167,21 @@ class MainHandoff:
         return aborts
 
     def take_ready(self, max_reqs: int, slot_budget: int, solo: Callable[[Any], bool] = lambda req: False,
-                   cost: Callable[[Pending], int] = lambda p: len(p.tokens)) -> list[Pending]:
+                   cost: Callable[[Pending], int] = lambda p: len(p.tokens), final: bool = True) -> list[Pending]:
         """Ready requests for one EXTEND batch, oldest first, within the row and KV-slot budgets
-        (`cost(p)`: slots its EXTEND allocates). A request for which `solo(req)` holds gets a batch
-        of its own. What does not fit stays ready for a later iteration."""
+        (`cost(p)`: slots its EXTEND allocates): final handoffs (`final`), or catch-up chunks, which
+        stay pending (state extending) until `chunk_done`. A final request for which `solo(req)`
+        holds gets a batch of its own. What does not fit stays ready for a later iteration."""
         out = []
+        if not final:
+            for p in self.pending.values():
+                if p.state == READY and not p.final and len(out) < max_reqs and cost(p) <= slot_budget:
+                    slot_budget -= cost(p)
+                    p.state = EXTENDING
+                    out.append(p)
+            return out
         for key, p in list(self.pending.items()):
-            if p.state != READY:
+            if p.state != READY or not p.final:
                 continue
             if len(out) >= max_reqs or cost(p) > slot_budget:
                 break
@@ -151,7 +191,8 @@ class MainHandoff:
             out.append(p)
             self._forget(key)
             self.stats.handoffs += 1
-            self.stats.handoff_tokens += len(p.tokens)
+            self.stats.handoff_tokens += p.have + len(p.tokens)
+            self.stats.modes[p.chosen] = self.stats.modes.get(p.chosen, 0) + 1
             if solo(p.req):
                 break
         if out:
@@ -165,7 +206,7 @@ class MainHandoff:
             return None
         p = self.pending[key]
         self._forget(key)
-        return p.req if p.state in (WAITING_TOKENS, READY) else None
+        return p.req if p.state in HELD else None
 
     # -- internals -------------------------------------------------------------------------
     def _fail(self, p: Pending, message: str) -> Abort:
@@ -175,7 +216,7 @@ class MainHandoff:
 
     def _end(self, p: Pending, message: str, relay_finished: bool) -> Abort:
         self._forget((p.relay, p.relay_room))
-        return Abort(p.req, held=p.state in (WAITING_TOKENS, READY), message=message, relay_finished=relay_finished)
+        return Abort(p.req, held=p.state in HELD, message=message, relay_finished=relay_finished)
 
     def _forget(self, key: tuple[str, int]) -> None:
         p = self.pending.pop(key, None)

@@ -20,8 +20,11 @@ class MainRuntime:
         self.scheduler = scheduler
         self.channel = MainChannel(secret, vocab_size=scheduler.model_config.vocab_size)
         self.handoff = MainHandoff(self.channel, timeout_s=cfg.handoff_timeout,
-                                   keep_kv_when_relay_finishes=cfg.relay_finished_kv == "keep")
+                                   keep_kv_when_relay_finishes=cfg.relay_finished_kv == "keep",
+                                   mode=cfg.handoff_mode, chunk=cfg.catchup_chunk, gap=cfg.catchup_gap)
         self.last_extend = None  # the EXTEND batch that ran last iteration, merged on the next one
+        self.chunk_batch = None  # this iteration's catch-up EXTEND, with its Pending items
+        self._chunk_items: list = []
         self._registered: set[int] = set()
         self._rejects_seen: dict[str, int] = {}
         self._testing = testing_enabled()
@@ -48,7 +51,7 @@ class MainRuntime:
             return
         import zmq
 
-        for sock in self.channel._socks.values():
+        for sock in self.channel.sockets():
             if id(sock) not in self._registered:
                 sleeper.poller.register(sock, zmq.POLLIN)
                 self._registered.add(id(sock))
@@ -59,7 +62,7 @@ class MainRuntime:
         keep = []
         for req in s.waiting_queue:
             if self.handoff.is_relayed(req) and not req.finished():
-                ended = self.handoff.kv_arrived(req)  # leaves sglang's queues: held until the tokens come
+                ended = self.handoff.kv_arrived(req, md_batch=self.md_batch())  # leaves sglang's queues: held until the tokens come
                 if ended is not None:
                     self._abort(ended)
             else:
@@ -69,11 +72,22 @@ class MainRuntime:
         for a in self.handoff.poll():
             self._abort(a)
 
+    def md_batch(self) -> int:
+        return len(self.scheduler.running_batch.reqs)
+
     def publish(self) -> None:
         """Gauges and counter deltas for /metrics (called at a bounded rate by the hook)."""
         rejected = {**self.channel.rejected, "unknown_room": self.handoff.stats.unknown_messages}
         metrics.export_channel_rejects("main", rejected, self._rejects_seen)
         metrics.set_held("main", len(self.handoff.held()))
+        st = self.handoff.stats
+        seen = getattr(self, "_published", {"chunks": 0, "chunk_tokens": 0, "modes": {}})
+        if st.chunks > seen["chunks"]:
+            metrics.record_catchup_chunks("main", st.chunks - seen["chunks"], st.chunk_tokens - seen["chunk_tokens"])
+        for mode, n in st.modes.items():
+            for _ in range(n - seen["modes"].get(mode, 0)):
+                metrics.record_handoff_mode("main", mode or "unknown", "relay_chose")
+        self._published = {"chunks": st.chunks, "chunk_tokens": st.chunk_tokens, "modes": dict(st.modes)}
 
     def _abort(self, a, keep_kv: bool = True) -> None:
         from sglang.srt.disaggregation.utils import prepare_abort
@@ -104,6 +118,23 @@ class MainRuntime:
 
     def busy(self) -> bool:
         return bool(self.handoff.held()) or self.last_extend is not None
+
+    # -- catch-up chunks: their EXTEND writes KV and nothing else ---------------------------------
+    def owns(self, batch) -> bool:
+        return batch is not None and batch is self.chunk_batch
+
+    def on_chunk_result(self, batch, result) -> None:
+        """Instead of sglang's result processing: the sampled token is dropped (RLD's next token is
+        what counts), nothing is streamed, and the requests go back to waiting for tokens."""
+        copy_done = getattr(result, "copy_done", None)
+        if copy_done is not None:
+            copy_done.synchronize()
+        items, self.chunk_batch, self._chunk_items = self._chunk_items, None, []
+        md_batch = self.md_batch()
+        for p in items:
+            if p.req.finished():
+                continue
+            self.handoff.chunk_done(p, md_batch)
 
     def _discard_eager_kv(self) -> None:
         """Negative control: zero the KV the EXTEND wrote for t1..t(k-1), as if it never ran."""
@@ -137,28 +168,37 @@ class MainRuntime:
             return None, running_batch
         page = max(1, s.token_to_kv_pool_allocator.page_size)
         budget = s.token_to_kv_pool_allocator.available_size() + s.tree_cache.evictable_size()
-        items = self.handoff.take_ready(
-            free_rows, budget, solo=extend_batch.needs_penalties,
-            cost=lambda p: extend_batch.slots_needed(len(p.req.origin_input_ids), len(p.tokens), page))
+
+        def cost(p):
+            return extend_batch.slots_needed(len(p.req.origin_input_ids) + p.have, len(p.tokens), page)
+
+        items = self.handoff.take_ready(free_rows, budget, solo=extend_batch.needs_penalties, cost=cost)
+        final = bool(items)
+        if not items:  # no final handoff this iteration: recompute catch-up chunks, if any
+            items = self.handoff.take_ready(free_rows, budget, cost=cost, final=False)
         if not items:
             return None, running_batch
         try:
-            batch = extend_batch.build(s, items)
+            batch = extend_batch.build(s, items, final=final)
         except Exception as e:  # a broken handoff ends these requests, never the server
             logger.exception("handoff EXTEND could not be built")
             from sglang_pdd.main.handoff import Abort
 
             for p in items:
+                self.handoff.drop(p.req.rid)  # a catch-up chunk's request is still pending
                 self._abort(Abort(p.req, held=True, message=f"pdd: handoff failed: {e}", relay_finished=False),
                             keep_kv=False)
             return None, running_batch
+        if not final:
+            self.chunk_batch, self._chunk_items = batch, items
+            return batch, running_batch
         self.last_extend = batch
         if self._testing:
             for p in items:
                 if p.drop_eager_kv:
                     p.req.skip_radix_cache_insert = True  # never publish the corrupted KV
-                    self._drop_after_extend.append((p.req, len(p.req.origin_input_ids), len(p.tokens)))
+                    self._drop_after_extend.append((p.req, len(p.req.origin_input_ids), len(p.req.output_ids)))
         metrics.record_extend_batch(len(items))
         for p in items:
-            metrics.record_handoff("main", len(p.tokens))
+            metrics.record_handoff("main", len(p.req.output_ids))
         return batch, running_batch

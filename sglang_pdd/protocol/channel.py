@@ -98,6 +98,10 @@ class MainChannel(_Endpoint):
             self._poller.register(s, zmq.POLLIN)
         return s
 
+    def sockets(self) -> list[zmq.Socket]:
+        """One DEALER per relay reached so far (the scheduler's idle poller waits on them too)."""
+        return list(self._socks.values())
+
     def send(self, addr: str, msg: Message) -> bool:
         try:
             self._sock(addr).send(self._seal(msg), zmq.NOBLOCK)

@@ -1,8 +1,12 @@
 """Messages of the token channel between MainDecode (client) and RelayDecode (server).
 
     MD -> RLD  Watch(room)        MD admitted the request; tell me if you finish it yourself
-    MD -> RLD  Ready(room)        my KV transfer succeeded: send the eager tokens and stop
-    RLD -> MD  Tokens(room, start, ids, final)   the eager tokens t1..tk from index `start`
+    MD -> RLD  Ready(room, have, mode, chunk, gap, md_batch)
+                                  my KV covers the prompt and `have` eager tokens: send what follows.
+                                  mode "one-shot": all of them at once, and stop; "catch-up": at most
+                                  `chunk` at a time while you keep decoding, the last (final) one once
+                                  at most `gap` remain; "adaptive": RLD picks from its load and md_batch
+    RLD -> MD  Tokens(room, start, ids, final, mode)   eager tokens t(start+1).. ; final: RLD stopped
     RLD -> MD  Finished(room, reason, n_tokens)   RLD completed the request itself (EOS, length,
                                                   abort): MD must abort its transfer and free its slots
     RLD -> MD  Reject(room, reason)               the message could not be served (unknown room, ...)
@@ -39,8 +43,16 @@ class Watch(_Msg, tag="watch"):
     pass
 
 
+HANDOFF_MODES = ("one-shot", "catch-up", "adaptive")
+MAX_CHUNK = 1 << 16
+
+
 class Ready(_Msg, tag="ready"):
-    pass
+    have: int = 0  # eager tokens whose KV MD already computed (catch-up rounds after the first)
+    mode: str = "one-shot"
+    chunk: int = 0  # catch-up: the most tokens per non-final Tokens message
+    gap: int = 2  # catch-up: finish once at most this many tokens remain
+    md_batch: int = 0  # requests decoding on MD (an input of the adaptive choice)
 
 
 class Tokens(_Msg, tag="tokens"):
@@ -48,6 +60,7 @@ class Tokens(_Msg, tag="tokens"):
     ids: list[int] = []
     final: bool = True
     logprobs: list[float] | None = None  # output logprobs of ids, when the request asked for them
+    mode: str = "one-shot"  # the mode RLD chose for this handoff
 
 
 class Finished(_Msg, tag="finished"):
@@ -80,8 +93,12 @@ def decode(data: bytes, vocab_size: int | None = None) -> Message:
         msg = _decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise ProtocolError("malformed", str(e)) from None
+    if isinstance(msg, Ready) and (msg.mode not in HANDOFF_MODES or not 0 <= msg.have <= MAX_TOKENS_PER_MESSAGE
+                                   or not 0 <= msg.chunk <= MAX_CHUNK or not 0 <= msg.gap <= MAX_CHUNK
+                                   or msg.md_batch < 0 or (msg.mode != "one-shot" and msg.chunk < 1)):
+        raise ProtocolError("malformed", f"ready: mode {msg.mode!r}, have {msg.have}, chunk {msg.chunk}, gap {msg.gap}")
     if isinstance(msg, Tokens):
-        if msg.start < 0 or len(msg.ids) > MAX_TOKENS_PER_MESSAGE or (
+        if msg.start < 0 or len(msg.ids) > MAX_TOKENS_PER_MESSAGE or msg.mode not in HANDOFF_MODES[:2] or (
                 msg.logprobs is not None and len(msg.logprobs) != len(msg.ids)):
             raise ProtocolError("malformed", f"tokens: start {msg.start}, {len(msg.ids)} ids")
         if vocab_size is not None and any(t < 0 or t >= vocab_size for t in msg.ids):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import msgspec
 
 from sglang_pdd.protocol import PROTOCOL_VERSION
+from sglang_pdd.protocol.messages import HANDOFF_MODES, MAX_CHUNK
 
 KEY = "pdd"
 MAX_ROOM = 2**63 - 1
@@ -30,6 +31,8 @@ class RequestParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     main_room: int | None = None  # P: MD's own bootstrap room (the fan-out target)
     relay_room: int | None = None  # MD: the room that keys this request on RLD
     relay: str | None = None  # MD: RLD's token channel, "tcp://host:port"
+    handoff: str | None = None  # MD: one-shot | catch-up | adaptive (overrides --pdd-handoff-mode)
+    chunk: int | None = None  # MD: catch-up chunk size in tokens (overrides --pdd-catchup-chunk)
     # Negative control for tests only: MD runs the EXTEND but then discards the eager tokens' KV, as
     # if it had skipped the step. Honoured only by a server started with SGLANG_PDD_TESTING=1.
     test_drop_eager_kv: bool = False
@@ -55,6 +58,10 @@ def parse(custom_params: dict | None) -> RequestParams | None:
             raise RequestParamsError(f"custom_params.{KEY}.{name}: {room} is not a bootstrap room (0..2^63-1)")
     if (p.relay_room is None) != (p.relay is None):
         raise RequestParamsError(f"custom_params.{KEY}: relay_room and relay go together")
+    if p.handoff is not None and p.handoff not in HANDOFF_MODES:
+        raise RequestParamsError(f"custom_params.{KEY}.handoff: {p.handoff!r} is not one of {', '.join(HANDOFF_MODES)}")
+    if p.chunk is not None and not 1 <= p.chunk <= MAX_CHUNK:
+        raise RequestParamsError(f"custom_params.{KEY}.chunk: {p.chunk} is not in 1..{MAX_CHUNK}")
     if p.relay is not None and not p.relay.startswith("tcp://"):
         raise RequestParamsError(f"custom_params.{KEY}.relay: expected tcp://host:port, got {p.relay!r}")
     return p

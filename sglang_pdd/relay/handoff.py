@@ -6,8 +6,13 @@ finish it with the handoff reason. For each relayed request (keyed by RLD's boot
 
 * `Watch(R)` from MD: MD admitted its copy. If RLD finishes R by itself (EOS, length, abort) it
   sends `Finished(R)`, so MD aborts its WAN transfer and frees its slots.
-* `Ready(R)` from MD: MD's KV arrived. As soon as R is decoding, RLD sends `Tokens(R, 0, [t1..tk])`
-  and ends R with the handoff finish (k = number of tokens sent; its stream carries exactly those).
+* `Ready(R, have=0, mode)` from MD: MD's KV arrived. RLD fixes the handoff mode (one-shot, catch-up,
+  or adaptive: `HandoffModePolicy` over RLD's load, MD's batch and the eager tokens so far).
+  One-shot: as soon as R is decoding, RLD sends `Tokens(R, 0, [t1..tk], final)` and ends R with the
+  handoff finish (k = number of tokens sent; its stream carries exactly those).
+  Catch-up: RLD sends at most `chunk` tokens `Tokens(R, have, [...], final=False)` and keeps
+  decoding; MD recomputes them and asks again with `Ready(R, have=have+len)`. Once at most `gap`
+  tokens remain (or after `max_rounds` chunks) the answer is final and R ends as in one-shot.
   If R already finished, the answer is `Finished(R)`; if R is unknown after `timeout_s`, `Reject(R)`.
 """
 
@@ -19,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from sglang_pdd.protocol.messages import Finished, Ready, Reject, Tokens, Watch
+from sglang_pdd.router.handoff_mode import HandoffLoad, HandoffMode, HandoffModePolicy
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +34,9 @@ class RelayOps(Protocol):
 
     def finish_with_handoff(self, req: Any, k: int) -> None: ...
 
-    def output_logprobs(self, req: Any, k: int) -> list[float] | None: ...
+    def output_logprobs(self, req: Any, start: int, end: int) -> list[float] | None: ...
+
+    def load(self) -> tuple[int, float]: ...  # (requests decoding, KV pool usage 0..1)
 
 
 class Channel(Protocol):
@@ -42,7 +50,11 @@ class _Room:
     req: Any = None
     watcher: bytes | None = None
     ready_from: bytes | None = None
+    ready: Ready | None = None  # the Ready being answered
     ready_at: float = 0.0
+    mode: HandoffMode | None = None  # fixed on the first Ready
+    sent: int = 0  # eager tokens sent so far (catch-up)
+    rounds: int = 0  # non-final chunks sent
     finished_at: float | None = None
     created: float = field(default_factory=time.monotonic)
 
@@ -53,6 +65,10 @@ class RelayStats:
     handoff_tokens: int = 0
     finished_locally: int = 0
     rejected: int = 0
+    chunks: int = 0  # non-final catch-up chunks sent
+    chunk_tokens: int = 0
+    modes: dict[tuple[str, str], int] = field(default_factory=dict)  # (mode, reason label) -> count
+    last_load: HandoffLoad | None = None  # the inputs of the last adaptive choice
 
 
 def finish_type(req: Any) -> str:
@@ -64,8 +80,11 @@ def finish_type(req: Any) -> str:
 
 
 class RelayHandoff:
-    def __init__(self, channel: Channel, timeout_s: float, now: Callable[[], float] = time.monotonic):
+    def __init__(self, channel: Channel, timeout_s: float, now: Callable[[], float] = time.monotonic,
+                 policy: HandoffModePolicy | None = None, max_rounds: int = 32):
         self.channel = channel
+        self.policy = policy or HandoffModePolicy()
+        self.max_rounds = max_rounds
         self.timeout_s = timeout_s
         self.now = now
         self.rooms: dict[int, _Room] = {}
@@ -91,7 +110,11 @@ class RelayHandoff:
                 room = self.rooms[msg.room] = _Room(created=self.now())
             room.watcher = peer
             if isinstance(msg, Ready):
-                room.ready_from, room.ready_at = peer, self.now()
+                if msg.have != room.sent:
+                    self._drop(msg.room, Reject(room=msg.room, reason=f"ready at {msg.have} tokens, "
+                                                f"{room.sent} were sent"), peer)
+                    return
+                room.ready_from, room.ready, room.ready_at = peer, msg, self.now()
             logger.debug("relay room %s: %s from main", msg.room, type(msg).__name__)
         else:
             self.stats.rejected += 1
@@ -115,14 +138,43 @@ class RelayHandoff:
             elif now - room.finished_at > self.timeout_s:
                 self.rooms.pop(room_id, None)  # main never showed up
             return
-        if room.ready_from is not None and ops.is_decoding(req) and req.output_ids:
-            ids = [int(t) for t in req.output_ids]
-            logprobs = ops.output_logprobs(req, len(ids))
-            ops.finish_with_handoff(req, len(ids))
+        if room.ready_from is not None and ops.is_decoding(req) and len(req.output_ids) > room.sent:
+            self._answer(room_id, room, req, ops)
+
+    def _answer(self, room_id: int, room: _Room, req: Any, ops: RelayOps) -> None:
+        ready, peer, n, j = room.ready, room.ready_from, len(req.output_ids), room.sent
+        if room.mode is None:
+            room.mode = self._choose(ready, n, ops)
+        final = (room.mode is HandoffMode.ONE_SHOT or n - j <= ready.gap or room.rounds >= self.max_rounds)
+        end = n if final else min(n, j + ready.chunk)
+        ids = [int(t) for t in req.output_ids[j:end]]
+        msg = Tokens(room=room_id, start=j, ids=ids, final=final, logprobs=ops.output_logprobs(req, j, end),
+                     mode=room.mode.value)
+        if final:
+            ops.finish_with_handoff(req, n)
             self.stats.handoffs += 1
-            self.stats.handoff_tokens += len(ids)
-            logger.debug("relay room %s: handed off %d eager tokens", room_id, len(ids))
-            self._drop(room_id, Tokens(room=room_id, start=0, ids=ids, final=True, logprobs=logprobs), room.ready_from)
+            self.stats.handoff_tokens += n
+            logger.debug("relay room %s: handed off %d eager tokens (%s)", room_id, n, room.mode.value)
+            self._drop(room_id, msg, peer)
+            return
+        room.sent, room.rounds, room.ready_from, room.ready = end, room.rounds + 1, None, None
+        self.stats.chunks += 1
+        self.stats.chunk_tokens += len(ids)
+        self.channel.send(peer, msg)
+
+    def _choose(self, ready: Ready, eager: int, ops: RelayOps) -> HandoffMode:
+        if ready.mode == HandoffMode.ONE_SHOT.value:
+            mode, label = HandoffMode.ONE_SHOT, "requested"
+        elif ready.mode == HandoffMode.CATCH_UP.value:
+            mode, label = HandoffMode.CATCH_UP, "requested"
+        else:
+            running, usage = ops.load()
+            load = HandoffLoad(running, usage, ready.md_batch, eager_tokens=eager, chunk_tokens=ready.chunk)
+            d = self.policy.decide(load)
+            mode, label, self.stats.last_load = d.mode, d.label, load
+        key = (mode.value, label)
+        self.stats.modes[key] = self.stats.modes.get(key, 0) + 1
+        return mode
 
     def _drop(self, room_id: int, reply: Any, peer: bytes) -> None:
         self.rooms.pop(room_id, None)

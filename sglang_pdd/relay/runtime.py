@@ -40,6 +40,8 @@ class RelayRuntime:
         self.handoff = RelayHandoff(self.channel, timeout_s=cfg.handoff_timeout)
         self._rejects_seen: dict[str, int] = {}
         self._finished_seen = 0
+        self._modes_seen: dict[tuple[str, str], int] = {}
+        self._chunks_seen = (0, 0)
         sleeper = getattr(scheduler, "idle_sleeper", None)
         if sleeper is not None and hasattr(sleeper, "poller"):
             import zmq
@@ -53,11 +55,17 @@ class RelayRuntime:
         s = self.scheduler
         return any(r is req for r in s.running_batch.reqs) or any(r is req for r in s.waiting_queue)
 
-    def output_logprobs(self, req: Any, k: int) -> list[float] | None:
+    def output_logprobs(self, req: Any, start: int, end: int) -> list[float] | None:
         if not req.return_logprob:
             return None
         vals = list(req.logprob.output_token_logprobs_val or [])
-        return [float(v) for v in vals[:k]] if len(vals) >= k else None
+        return [float(v) for v in vals[start:end]] if len(vals) >= end else None
+
+    def load(self) -> tuple[int, float]:
+        s = self.scheduler
+        total = max(1, int(s.max_total_num_tokens))
+        free = s.token_to_kv_pool_allocator.available_size() + s.tree_cache.evictable_size()
+        return len(s.running_batch.reqs), min(1.0, max(0.0, 1.0 - free / total))
 
     def finish_with_handoff(self, req: Any, k: int) -> None:
         """End the request now, between two decode steps: its stream carries exactly t1..tk."""
@@ -84,3 +92,15 @@ class RelayRuntime:
             for _ in range(done - self._finished_seen):
                 metrics.record_relay_finished("relay")
             self._finished_seen = done
+        st = self.handoff.stats
+        for (mode, label), n in st.modes.items():
+            for _ in range(n - self._modes_seen.get((mode, label), 0)):
+                metrics.record_handoff_mode("relay", mode, label)
+            self._modes_seen[(mode, label)] = n
+        if st.chunks > self._chunks_seen[0]:
+            metrics.record_catchup_chunks("relay", st.chunks - self._chunks_seen[0],
+                                          st.chunk_tokens - self._chunks_seen[1])
+            self._chunks_seen = (st.chunks, st.chunk_tokens)
+        if st.last_load is not None:
+            ld, st.last_load = st.last_load, None
+            metrics.set_handoff_policy_inputs(ld.rld_running, ld.rld_kv_usage, ld.md_batch_size)

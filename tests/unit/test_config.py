@@ -44,6 +44,8 @@ def test_relay_needs_a_token_port():
     (["--pdd-token-port", "70000"], "not a TCP port"),
     (["--pdd-handoff-timeout", "0"], "must be > 0"),
     (["--pdd-main-bootstrap-timeout", "-1"], "must be > 0"),
+    (["--pdd-catchup-chunk", "0"], "--pdd-catchup-chunk"),
+    (["--pdd-catchup-chunk", "8", "--pdd-catchup-gap", "9"], "--pdd-catchup-gap"),
 ])
 def test_bad_numeric_flags_name_themselves(argv, match):
     with pytest.raises(PddConfigError, match=match):

@@ -54,15 +54,19 @@ class FakeReq:
 
 
 class FakeOps:
-    def __init__(self, decoding=()):
+    def __init__(self, decoding=(), running=1, kv_usage=0.1):
         self.decoding = set(decoding)
         self.handed: list = []
+        self.running, self.kv_usage = running, kv_usage
 
     def is_decoding(self, req):
         return req.rid in self.decoding
 
-    def output_logprobs(self, req, k):
+    def output_logprobs(self, req, start, end):
         return None
+
+    def load(self):
+        return self.running, self.kv_usage
 
     def finish_with_handoff(self, req, k):
         self.handed.append((req.rid, k))
@@ -143,9 +147,10 @@ def test_finished_request_nobody_watches_is_forgotten_after_the_timeout():
 
 # -- MainDecode ------------------------------------------------------------------------------
 
-def main(timeout=5.0, keep_kv=True):
+def main(timeout=5.0, keep_kv=True, mode="one-shot", chunk=32):
     ch, clock = FakeChannel(), Clock()
-    return MainHandoff(ch, timeout_s=timeout, now=clock, keep_kv_when_relay_finishes=keep_kv), ch, clock
+    return MainHandoff(ch, timeout_s=timeout, now=clock, keep_kv_when_relay_finishes=keep_kv, mode=mode,
+                       chunk=chunk), ch, clock
 
 
 def admitted(h, rid="m", room=7):
@@ -187,8 +192,9 @@ def test_relay_finished_before_the_kv_landed_lets_the_kv_land_and_keeps_it():
 
 @pytest.mark.parametrize("reply, match", [
     (Reject(room=7, reason="unknown room"), "rejected the handoff: unknown room"),
-    (Tokens(room=7, start=3, ids=[1], final=True), "one-shot handoff expects all from 0"),
-    (Tokens(room=7, start=0, ids=[1], final=False), "one-shot handoff expects all from 0"),
+    (Tokens(room=7, start=3, ids=[1], final=True), "expected one-shot tokens from 0"),
+    (Tokens(room=7, start=0, ids=[1], final=False), "expected one-shot tokens from 0"),
+    (Tokens(room=7, start=0, ids=[], final=True), "expected one-shot tokens from 0"),
 ])
 def test_bad_replies_fail_the_held_request(reply, match):
     h, ch, _ = main()
@@ -242,3 +248,120 @@ def test_drop_forgets_and_returns_held_requests_only():
     assert h.drop("a") is None and h.drop("b") is b and h.pending == {}
     assert h.pending.get((RELAY, 2)) is None
     assert WAITING_TOKENS and READY  # states exported for the runtime
+
+
+# -- catch-up ---------------------------------------------------------------------------------
+
+def ready_at(relay_room, have, chunk=2, gap=1, mode="catch-up", md_batch=0):
+    return Ready(room=relay_room, have=have, mode=mode, chunk=chunk, gap=gap, md_batch=md_batch)
+
+
+def test_relay_catch_up_sends_chunks_while_decoding_and_ends_when_the_gap_is_small():
+    h, ch, _ = relay()
+    req = FakeReq("a", 7, output_ids=[1, 2, 3, 4, 5])
+    h.track(req)
+    ops = FakeOps(decoding=["a"])
+    ch.inbox = [(b"md", ready_at(7, 0))]
+    h.poll(ops)
+    assert ch.sent[-1] == (b"md", Tokens(room=7, start=0, ids=[1, 2], final=False, mode="catch-up"))
+    assert ops.handed == [] and not req.finished()  # RLD keeps decoding
+    h.poll(ops)
+    assert len(ch.sent) == 1  # nothing more until MD asks again
+    req.output_ids.append(6)
+    ch.inbox = [(b"md", ready_at(7, 2))]
+    h.poll(ops)
+    assert ch.sent[-1] == (b"md", Tokens(room=7, start=2, ids=[3, 4], final=False, mode="catch-up"))
+    ch.inbox = [(b"md", ready_at(7, 4))]
+    h.poll(ops)
+    assert ch.sent[-1][1].ids == [5, 6] and not ch.sent[-1][1].final  # gap 2 > 1: one more chunk
+    ch.inbox = [(b"md", ready_at(7, 6))]
+    h.poll(ops)
+    assert len(ch.sent) == 3  # RLD has nothing new yet: the Ready waits
+    req.output_ids.append(7)
+    h.poll(ops)
+    assert ch.sent[-1] == (b"md", Tokens(room=7, start=6, ids=[7], final=True, mode="catch-up"))
+    assert ops.handed == [("a", 7)] and h.rooms == {}
+    assert h.stats.chunks == 3 and h.stats.chunk_tokens == 6 and h.stats.modes == {("catch-up", "requested"): 1}
+
+
+def test_relay_catch_up_goes_final_after_max_rounds():
+    ch, clock = FakeChannel(), Clock()
+    h = RelayHandoff(ch, timeout_s=5, now=clock, max_rounds=1)
+    req = FakeReq("a", 7, output_ids=list(range(10)))
+    h.track(req)
+    ops = FakeOps(decoding=["a"])
+    ch.inbox = [(b"md", ready_at(7, 0))]
+    h.poll(ops)
+    ch.inbox = [(b"md", ready_at(7, 2))]
+    h.poll(ops)
+    assert ch.sent[-1][1].final and ch.sent[-1][1].ids == list(range(2, 10)) and ops.handed == [("a", 10)]
+
+
+def test_relay_rejects_a_ready_that_does_not_continue_what_it_sent():
+    h, ch, _ = relay()
+    req = FakeReq("a", 7, output_ids=[1, 2, 3, 4, 5])
+    h.track(req)
+    ops = FakeOps(decoding=["a"])
+    ch.inbox = [(b"md", ready_at(7, 0))]
+    h.poll(ops)
+    ch.inbox = [(b"md", ready_at(7, 3))]  # it sent 2
+    h.poll(ops)
+    assert ch.sent[-1] == (b"md", Reject(room=7, reason="ready at 3 tokens, 2 were sent")) and h.rooms == {}
+
+
+@pytest.mark.parametrize("running, usage, md_batch, eager, mode, label", [
+    (1, 0.1, 20, 40, "catch-up", "md_busy"),
+    (1, 0.1, 4, 40, "one-shot", "md_small_batch"),
+    (1, 0.95, 20, 40, "one-shot", "rld_kv_busy"),
+    (64, 0.1, 20, 40, "one-shot", "rld_busy"),
+    (1, 0.1, 20, 8, "one-shot", "fits_one_chunk"),
+])
+def test_relay_adaptive_choice_reads_its_load_and_mains_batch(running, usage, md_batch, eager, mode, label):
+    h, ch, _ = relay()
+    h.track(FakeReq("a", 7, output_ids=list(range(eager))))
+    ch.inbox = [(b"md", ready_at(7, 0, chunk=16, gap=2, mode="adaptive", md_batch=md_batch))]
+    h.poll(FakeOps(decoding=["a"], running=running, kv_usage=usage))
+    msg = ch.sent[-1][1]
+    assert msg.mode == mode and msg.final == (mode == "one-shot")
+    assert h.stats.modes == {(mode, label): 1} and h.stats.last_load.md_batch_size == md_batch
+
+
+def test_main_catch_up_recomputes_chunks_then_takes_the_final_tokens():
+    h, ch, _ = main(mode="catch-up", chunk=2)
+    req = admitted(h)
+    h.kv_arrived(req, md_batch=3)
+    assert ch.sent[-1] == (RELAY, Ready(room=7, have=0, mode="catch-up", chunk=2, gap=2, md_batch=3))
+    ch.inbox = [(RELAY, Tokens(room=7, start=0, ids=[5, 6], final=False, mode="catch-up"))]
+    assert h.poll() == []
+    assert h.take_ready(max_reqs=8, slot_budget=100) == []  # not final: not for the one-shot path
+    (p,) = h.take_ready(max_reqs=8, slot_budget=100, final=False)
+    assert p.tokens == [5, 6] and p.have == 0 and h.held() == [req] and h.is_relayed(req)
+    assert h.take_ready(max_reqs=8, slot_budget=100, final=False) == []  # it is extending now
+    h.chunk_done(p, md_batch=4)
+    assert ch.sent[-1] == (RELAY, Ready(room=7, have=2, mode="catch-up", chunk=2, gap=2, md_batch=4))
+    ch.inbox = [(RELAY, Tokens(room=7, start=2, ids=[7], final=True, mode="catch-up"))]
+    assert h.poll() == []
+    (p,) = h.take_ready(max_reqs=8, slot_budget=100)
+    assert p.have == 2 and p.tokens == [7] and not h.is_relayed(req)
+    assert h.stats.handoff_tokens == 3 and h.stats.chunks == 1 and h.stats.modes == {"catch-up": 1}
+
+
+def test_main_fails_tokens_that_skip_or_repeat_what_it_recomputed():
+    h, ch, _ = main(mode="catch-up", chunk=2)
+    req = admitted(h)
+    h.kv_arrived(req)
+    ch.inbox = [(RELAY, Tokens(room=7, start=0, ids=[5, 6], final=False, mode="catch-up"))]
+    h.poll()
+    (p,) = h.take_ready(max_reqs=8, slot_budget=100, final=False)
+    h.chunk_done(p)
+    ch.inbox = [(RELAY, Tokens(room=7, start=1, ids=[6, 7], final=True, mode="catch-up"))]
+    (a,) = h.poll()
+    assert a.held and "expected catch-up tokens from 2" in a.message
+
+
+def test_request_params_override_the_servers_handoff_mode():
+    h, ch, _ = main(mode="one-shot")
+    req = FakeReq("m", 1007, output_ids=[5])
+    h.admit(req, RequestParams(v=1, relay_room=7, relay=RELAY, handoff="catch-up", chunk=4))
+    h.kv_arrived(req)
+    assert ch.sent[-1] == (RELAY, Ready(room=7, have=0, mode="catch-up", chunk=4, gap=2))

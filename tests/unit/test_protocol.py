@@ -29,6 +29,11 @@ def test_unknown_version_is_rejected_naming_both_versions():
     msgspec.msgpack.encode({"type": "ready", "room": "one", "v": 1}),
     msgspec.msgpack.encode({"type": "tokens", "room": 1, "v": 1, "ids": [1], "colour": 3}),
     msgspec.msgpack.encode({"type": "tokens", "room": 1, "v": 1, "ids": [1], "start": -1}),
+    msgspec.msgpack.encode({"type": "tokens", "room": 1, "v": 1, "ids": [1], "mode": "adaptive"}),
+    msgspec.msgpack.encode({"type": "ready", "room": 1, "v": 1, "mode": "teleport"}),
+    msgspec.msgpack.encode({"type": "ready", "room": 1, "v": 1, "mode": "catch-up", "chunk": 0}),
+    msgspec.msgpack.encode({"type": "ready", "room": 1, "v": 1, "have": -1}),
+    msgspec.msgpack.encode({"type": "ready", "room": 1, "v": 1, "mode": "adaptive", "chunk": 8, "gap": -2}),
 ])
 def test_malformed_messages_are_rejected(data):
     with pytest.raises(ProtocolError) as e:
@@ -107,3 +112,10 @@ def test_channel_round_trip_and_forged_frames_are_dropped_and_counted():
         assert not relay.send(b"no-such-peer", Finished(room=11))  # a vanished peer is not fatal
     finally:
         relay.close(), main.close(), forger.close()
+
+
+@pytest.mark.parametrize("extra, match", [({"handoff": "sometimes"}, "handoff"), ({"chunk": 0}, "chunk")])
+def test_request_params_reject_bad_handoff_choices(extra, match):
+    raw = {"pdd": {"v": 1, "relay_room": 7, "relay": "tcp://h:1", **extra}}
+    with pytest.raises(request.RequestParamsError, match=match):
+        request.parse(raw)
