@@ -12,7 +12,9 @@ finish it with the handoff reason. For each relayed request (keyed by RLD's boot
   handoff finish (k = number of tokens sent; its stream carries exactly those).
   Catch-up: RLD sends at most `chunk` tokens `Tokens(R, have, [...], final=False)` and keeps
   decoding; MD recomputes them and asks again with `Ready(R, have=have+len)`. Once at most `gap`
-  tokens remain (or after `max_rounds` chunks) the answer is final and R ends as in one-shot.
+  tokens remain the answer is final and R ends as in one-shot. A catch-up that cannot converge (RLD
+  decodes more per round than a chunk carries: MD was no closer `max_stalls` times running) or
+  runs `max_rounds` chunks also goes final, with the rest in one step.
   If R already finished, the answer is `Finished(R)`; if R is unknown after `timeout_s`, `Reject(R)`.
 """
 
@@ -55,6 +57,8 @@ class _Room:
     mode: HandoffMode | None = None  # fixed on the first Ready
     sent: int = 0  # eager tokens sent so far (catch-up)
     rounds: int = 0  # non-final chunks sent
+    last_gap: int = 0  # tokens MD was behind at the previous answer
+    stalls: int = 0  # consecutive answers at which MD was no closer than before
     finished_at: float | None = None
     created: float = field(default_factory=time.monotonic)
 
@@ -81,8 +85,9 @@ def finish_type(req: Any) -> str:
 
 class RelayHandoff:
     def __init__(self, channel: Channel, timeout_s: float, now: Callable[[], float] = time.monotonic,
-                 policy: HandoffModePolicy | None = None, max_rounds: int = 32):
+                 policy: HandoffModePolicy | None = None, max_rounds: int = 32, max_stalls: int = 2):
         self.channel = channel
+        self.max_stalls = max_stalls
         self.policy = policy or HandoffModePolicy()
         self.max_rounds = max_rounds
         self.timeout_s = timeout_s
@@ -145,7 +150,11 @@ class RelayHandoff:
         ready, peer, n, j = room.ready, room.ready_from, len(req.output_ids), room.sent
         if room.mode is None:
             room.mode = self._choose(ready, n, ops)
-        final = (room.mode is HandoffMode.ONE_SHOT or n - j <= ready.gap or room.rounds >= self.max_rounds)
+        gap = n - j
+        room.stalls = room.stalls + 1 if room.rounds and gap >= room.last_gap else 0
+        room.last_gap = gap
+        final = (room.mode is HandoffMode.ONE_SHOT or gap <= ready.gap or room.rounds >= self.max_rounds
+                 or room.stalls >= self.max_stalls)
         end = n if final else min(n, j + ready.chunk)
         ids = [int(t) for t in req.output_ids[j:end]]
         msg = Tokens(room=room_id, start=j, ids=ids, final=final, logprobs=ops.output_logprobs(req, j, end),

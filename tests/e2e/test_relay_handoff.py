@@ -40,6 +40,22 @@ def check(pdd, reference_server, ids, n=NEW, **kw):
     return r
 
 
+def relayed_with_eager(pdd, body_for, min_k: int, delays=(0.8, 1.6, 3.2), **kw):
+    """relayed_generate, holding MD back longer until RLD decoded at least `min_k` eager tokens
+    before the handoff (how many it gets in a given delay depends on the box's load)."""
+    for attempt, delay in enumerate(delays):
+        r = relayed_generate(pdd, body_for(attempt), main_delay_s=delay, **kw)
+        r.attempt = attempt
+        if r.relay["meta_info"]["finish_reason"]["type"] == "pdd_handoff" and r.k >= min_k:
+            return r
+    return r
+
+
+def relay_counter(pdd, name: str, **labels) -> float:
+    return sum(v for k, v in metric(pdd.relay, name).items()
+               if all(dict(k).get(a) == b for a, b in {"role": "relay", **labels}.items()))
+
+
 def test_handoff_at_k1_when_main_is_ready_before_relay_decodes(pdd, reference_server, prompts):
     r = check(pdd, reference_server, prompts.ids(300, seed=31), relay_delay_s=1.5)
     assert r.k == 1
@@ -55,7 +71,7 @@ def test_penalties_count_the_eager_tokens(pdd, reference_server, prompts):
     ids = prompts.ids(150, seed=35)
     sp = {"frequency_penalty": 0.8, "presence_penalty": 0.3}
     expected = greedy_ids(reference_server.url, ids, 96, **sp)
-    r = relayed_generate(pdd, greedy_body(ids, 96, **sp), main_delay_s=0.6)
+    r = relayed_with_eager(pdd, lambda _: greedy_body(ids, 96, **sp), 2, delays=(0.6, 1.2, 2.4))
     assert r.relay["meta_info"]["finish_reason"]["type"] == "pdd_handoff" and r.k > 1
     assert r.main["output_ids"] == expected, f"k={r.k}"
 
@@ -97,9 +113,10 @@ def test_part_of_the_prompt_already_cached_on_main(pdd, reference_server, prompt
 
 
 def test_negative_control_main_without_the_extend_kv_diverges(pdd, reference_server, prompts):
-    ids = prompts.ids(400, seed=70)  # a prompt nothing else uses: its KV cannot come from the cache
-    expected = greedy_ids(reference_server.url, ids, 96)
-    r = relayed_generate(pdd, greedy_body(ids, 96), main_delay_s=0.8, main_extra={"test_drop_eager_kv": True})
+    cases = [prompts.ids(400, seed=70 + i) for i in range(3)]  # prompts nothing else uses
+    r = relayed_with_eager(pdd, lambda i: greedy_body(cases[i], 96), 8,
+                           main_extra={"test_drop_eager_kv": True, "handoff": "one-shot"})
+    expected = greedy_ids(reference_server.url, cases[r.attempt], 96)
     assert r.relay["meta_info"]["finish_reason"]["type"] == "pdd_handoff"
     assert r.k >= 8, "too few eager tokens for the control to mean anything"
     assert r.relay["output_ids"] == expected[: r.k]
@@ -167,3 +184,64 @@ def test_relay_finishing_first_tells_main_which_lets_go(pdd, reference_server, p
     second = ids + r.tokens + prompts.ids(30, seed=51)
     r2 = check(pdd, reference_server, second, n=120, main_delay_s=0.3)
     assert r2.main["meta_info"]["cached_tokens"] >= len(ids)
+
+
+# -- catch-up: RLD hands over in chunks while it keeps decoding ---------------------------------
+
+def check_identity(reference_server, ids, n, r):
+    expected = greedy_ids(reference_server.url, ids, n)
+    assert r.relay["meta_info"]["finish_reason"]["type"] == "pdd_handoff", r.relay["meta_info"]
+    assert r.relay["output_ids"] == expected[: r.k]
+    assert r.main["output_ids"] == expected, f"k={r.k}"
+    assert r.tokens == expected
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 16])
+def test_catch_up_handoff_is_token_identical(pdd, reference_server, prompts, chunk):
+    cases = [prompts.ids(300, seed=100 + 10 * chunk + i) for i in range(3)]
+    chunks_before = relay_counter(pdd, "sglang_pdd_catchup_chunks_total")
+    r = relayed_with_eager(pdd, lambda i: greedy_body(cases[i], 400), chunk + 3, delays=(0.6, 1.2, 2.4),
+                           main_extra={"handoff": "catch-up", "chunk": chunk})
+    check_identity(reference_server, cases[r.attempt], 400, r)
+    assert r.k > chunk + 2, "too few eager tokens for a catch-up"
+    assert relay_counter(pdd, "sglang_pdd_catchup_chunks_total") > chunks_before, f"k={r.k}: no non-final chunk"
+
+
+def test_concurrent_catch_up_handoffs(pdd, reference_server, prompts):
+    cases = [prompts.ids(250 + 40 * i, seed=110 + i) for i in range(3)]
+    out = [None] * len(cases)
+
+    def one(i):
+        out[i] = check(pdd, reference_server, cases[i], n=400, main_delay_s=0.6 + 0.2 * i,
+                       main_extra={"handoff": "catch-up", "chunk": 4})
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(cases))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(r is not None for r in out)
+
+
+def test_catch_up_keeps_penalties_and_logprobs_exact(pdd, reference_server, prompts):
+    ids = prompts.ids(200, seed=120)
+    sp = {"frequency_penalty": 0.8, "presence_penalty": 0.3}
+    body = {**greedy_body(ids, 300, **sp), "return_logprob": True}
+    ref = generate(reference_server.url, body)["meta_info"]["output_token_logprobs"]
+    r = relayed_with_eager(pdd, lambda _: body, 10, main_extra={"handoff": "catch-up", "chunk": 3})
+    assert r.relay["meta_info"]["finish_reason"]["type"] == "pdd_handoff"
+    got = r.main["meta_info"]["output_token_logprobs"]
+    assert [t[1] for t in got] == [t[1] for t in ref], f"k={r.k}"
+    assert max(abs(a[0] - b[0]) for a, b in zip(got, ref)) < 1e-3, f"k={r.k}"
+
+
+def test_adaptive_mode_is_chosen_on_the_relay_and_counted(pdd, reference_server, prompts):
+    before = relay_counter(pdd, "sglang_pdd_handoff_mode_total")
+    check(pdd, reference_server, prompts.ids(120, seed=130), n=200, main_delay_s=0.6,
+          main_extra={"handoff": "adaptive", "chunk": 2})
+    modes = {(dict(k)["mode"], dict(k)["reason"]): v for k, v in metric(pdd.relay, "sglang_pdd_handoff_mode_total").items()}
+    assert relay_counter(pdd, "sglang_pdd_handoff_mode_total") == before + 1
+    # MD runs this request alone: a one-shot EXTEND stalls nobody (or all its tokens fit one chunk)
+    assert modes.get(("one-shot", "md_small_batch"), 0) + modes.get(("one-shot", "fits_one_chunk"), 0) >= 1
+    inputs = {dict(k)["input"]: v for k, v in metric(pdd.relay, "sglang_pdd_handoff_policy_input").items()}
+    assert set(inputs) == {"rld_running", "rld_kv_usage", "md_batch"} and inputs["rld_running"] >= 1

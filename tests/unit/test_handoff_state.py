@@ -297,6 +297,23 @@ def test_relay_catch_up_goes_final_after_max_rounds():
     assert ch.sent[-1][1].final and ch.sent[-1][1].ids == list(range(2, 10)) and ops.handed == [("a", 10)]
 
 
+def test_relay_catch_up_that_does_not_converge_goes_final():
+    h, ch, _ = relay()
+    req = FakeReq("a", 7, output_ids=list(range(6)))
+    h.track(req)
+    ops = FakeOps(decoding=["a"])
+    have = 0
+    for _ in range(3):  # each round MD recomputes 2 tokens while RLD decodes 3
+        ch.inbox = [(b"md", ready_at(7, have))]
+        h.poll(ops)
+        if ch.sent[-1][1].final:
+            break
+        have += len(ch.sent[-1][1].ids)
+        req.output_ids.extend([9, 9, 9])
+    msg = ch.sent[-1][1]
+    assert msg.final and ops.handed == [("a", len(req.output_ids))] and h.stats.chunks == 2
+
+
 def test_relay_rejects_a_ready_that_does_not_continue_what_it_sent():
     h, ch, _ = relay()
     req = FakeReq("a", 7, output_ids=[1, 2, 3, 4, 5])
