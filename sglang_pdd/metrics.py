@@ -37,6 +37,12 @@ def record_transfer(kind: str, peer: str, nbytes: int, ok: bool, path: str = "di
             path, kind, peer).inc()
 
 
+def record_transfer_seconds(kind: str, path: str, seconds: float) -> None:
+    """Wall time of one completed transfer-engine batch (bytes in `transfer_bytes`)."""
+    _counter("transfer_seconds", "Seconds spent in completed transfer-engine batches",
+             ("path", "kind")).labels(path, kind).inc(seconds)
+
+
 def parse_exposition(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
     """Samples of metric `name` in a Prometheus text exposition: {sorted label pairs: value}."""
     out: dict[tuple[tuple[str, str], ...], float] = {}

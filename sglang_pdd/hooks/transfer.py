@@ -20,8 +20,13 @@ _KNOBS_SET = bool(os.environ.get(config.ENV_TEST_KNOBS))
 
 
 def around_batch_transfer_sync(original, engine, session_id, buffers, peer_addresses, lengths, *a, **kw):
+    t0 = time.perf_counter()
     ret = original(engine, session_id, buffers, peer_addresses, lengths, *a, **kw)
-    LEDGER.record(str(session_id), int(sum(lengths)), ok=ret is not None and ret >= 0)
+    ok = ret is not None and ret >= 0
+    LEDGER.record(str(session_id), int(sum(lengths)), ok=ok)
+    if ok:  # the router's bandwidth estimate is fed from bytes / seconds of completed writes
+        metrics.record_transfer_seconds(LEDGER.current_kind(), LEDGER.current_path(str(session_id)),
+                                        time.perf_counter() - t0)
     return ret
 
 

@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 class RelayOps(Protocol):
     def is_decoding(self, req: Any) -> bool: ...
 
-    def finish_with_handoff(self, req: Any, k: int) -> None: ...
+    def finish_with_handoff(self, req: Any, k: int, mode: str) -> None: ...
 
     def output_logprobs(self, req: Any, start: int, end: int) -> list[float] | None: ...
 
@@ -160,7 +160,7 @@ class RelayHandoff:
         msg = Tokens(room=room_id, start=j, ids=ids, final=final, logprobs=ops.output_logprobs(req, j, end),
                      mode=room.mode.value)
         if final:
-            ops.finish_with_handoff(req, n)
+            ops.finish_with_handoff(req, n, room.mode.value)
             self.stats.handoffs += 1
             self.stats.handoff_tokens += n
             logger.debug("relay room %s: handed off %d eager tokens (%s)", room_id, n, room.mode.value)

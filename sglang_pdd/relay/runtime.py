@@ -13,20 +13,20 @@ from sglang_pdd.relay.handoff import RelayHandoff
 logger = logging.getLogger(__name__)
 
 
-def handoff_finish(k: int):
+def handoff_finish(k: int, mode: str = "one-shot"):
     """The finish reason of a request RLD handed over after k eager tokens (never shown to clients
     by the PDD router; a client driving the roles itself reads k from it)."""
     from sglang.srt.managers.schedule_batch import BaseFinishReason
 
     class FINISH_PDD_HANDOFF(BaseFinishReason):
-        def __init__(self, k: int):
+        def __init__(self, k: int, mode: str):
             super().__init__()
-            self.k = k
+            self.k, self.mode = k, mode
 
         def to_json(self):
-            return {"type": "pdd_handoff", "handoff_tokens": self.k}
+            return {"type": "pdd_handoff", "handoff_tokens": self.k, "mode": self.mode}
 
-    return FINISH_PDD_HANDOFF(k)
+    return FINISH_PDD_HANDOFF(k, mode)
 
 
 class RelayRuntime:
@@ -67,7 +67,7 @@ class RelayRuntime:
         free = s.token_to_kv_pool_allocator.available_size() + s.tree_cache.evictable_size()
         return len(s.running_batch.reqs), min(1.0, max(0.0, 1.0 - free / total))
 
-    def finish_with_handoff(self, req: Any, k: int) -> None:
+    def finish_with_handoff(self, req: Any, k: int, mode: str = "one-shot") -> None:
         """End the request now, between two decode steps: its stream carries exactly t1..tk."""
         from sglang.srt.mem_cache.common import release_kv_cache
 
@@ -75,7 +75,7 @@ class RelayRuntime:
         waiting = any(r is req for r in s.waiting_queue)
         if waiting:
             s.waiting_queue = [r for r in s.waiting_queue if r is not req]
-        req.finished_reason = handoff_finish(k)
+        req.finished_reason = handoff_finish(k, mode)
         s.output_streamer.stream_output([req], req.return_logprob)
         release_kv_cache(req, s.tree_cache, checkpoint=False)
         req.time_stats.set_completion_time()

@@ -23,6 +23,15 @@ class RouterMetrics:
                                 ("pipeline", "outcome"), registry=self.registry)
         self.tokens = Counter("sglang_pdd_router_output_tokens", "Output tokens by source",
                               ("source",), registry=self.registry)
+        self.handoffs = Counter("sglang_pdd_router_handoffs", "Relay-to-main handoffs by mode",
+                                ("mode",), registry=self.registry)
+        from prometheus_client import Gauge
+
+        self.bandwidth = Gauge("sglang_pdd_router_wan_bandwidth_estimate_bytes_per_second",
+                               "The pipeline policy's WAN bandwidth estimate", registry=self.registry)
+        self.avoided = Counter("sglang_pdd_router_wan_bytes_avoided",
+                               "MD's predicted missed KV bytes never sent over the WAN (odd traffic served "
+                               "P->RLD)", ("reason",), registry=self.registry)
 
     def record(self, outcome: Outcome, ok: bool, n_tokens: int) -> None:
         pipe = outcome.pipeline.value if outcome.pipeline else "none"
@@ -32,6 +41,11 @@ class RouterMetrics:
                                     and outcome.handoff_k is None) else k
         self.tokens.labels("relay").inc(relay_tokens)
         self.tokens.labels("main").inc(n_tokens - relay_tokens)
+        if outcome.handoff_k is not None:
+            self.handoffs.labels(outcome.handoff_mode or "unknown").inc()
+        if ok and outcome.pipeline and outcome.pipeline.value == "P->RLD" and outcome.missed_bytes:
+            self.avoided.labels("odd-traffic" if outcome.reason.startswith("odd") else "relay-only").inc(
+                outcome.missed_bytes)
 
 
 def _sse(obj) -> bytes:
@@ -69,6 +83,8 @@ class RouterApp:
     async def metrics_page(self, _req):
         from prometheus_client import generate_latest
 
+        if self.d.policy is not None:
+            self.metrics.bandwidth.set(self.d.policy.bandwidth.bytes_per_s)
         return web.Response(body=generate_latest(self.metrics.registry), content_type="text/plain")
 
     async def _body(self, request) -> dict:
@@ -116,7 +132,9 @@ class RouterApp:
     def _meta(self, outcome: Outcome, reason, n_prompt: int, n_out: int) -> dict:
         meta = {"finish_reason": reason, "prompt_tokens": n_prompt, "completion_tokens": n_out,
                 "pdd": {"pipeline": outcome.pipeline.value if outcome.pipeline else None,
-                        "handoff_tokens": outcome.handoff_k, "reason": outcome.reason}}
+                        "handoff_tokens": outcome.handoff_k, "handoff_mode": outcome.handoff_mode,
+                        "reason": outcome.reason, "md_hit": outcome.md_hit, "missed_bytes": outcome.missed_bytes,
+                        "predicted_wan_s": outcome.predicted_wan_s, "rld_in_flight": outcome.rld_in_flight}}
         if outcome.output_logprobs is not None:
             meta["output_token_logprobs"] = outcome.output_logprobs
         return meta

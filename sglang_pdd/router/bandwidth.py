@@ -31,11 +31,12 @@ class BandwidthEstimator:
     def bytes_per_s(self) -> float:
         return self._estimate
 
-    def observe(self, nbytes: float, duration_s: float) -> None:
-        """Feed one completed transfer of `nbytes` that took `duration_s` end to end."""
+    def observe(self, nbytes: float, duration_s: float, transfers: int = 1) -> None:
+        """Feed `transfers` completed transfers of `nbytes` in all that took `duration_s` summed
+        over them (each end to end: one RTT each is not bandwidth)."""
         if nbytes < self.min_bytes or duration_s <= 0:
             return
-        data_s = max(duration_s - self.rtt_s, 1e-6)
+        data_s = max(duration_s - max(1, transfers) * self.rtt_s, 1e-6)
         sample = nbytes / data_s
         self._estimate = max(self.floor_bytes_per_s,
                              (1 - self.alpha) * self._estimate + self.alpha * sample)

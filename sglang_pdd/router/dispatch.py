@@ -39,6 +39,7 @@ class RequestFailed(RuntimeError):
 class DispatchConfig:
     pipeline: str = "auto"
     request_timeout_s: float = 600.0
+    bandwidth_poll_s: float = 2.0  # read P's completed-transfer counters this often (0: never)
 
 
 @dataclass
@@ -48,7 +49,12 @@ class Outcome:
     pipeline: Pipeline | None = None
     reason: str = ""
     handoff_k: int | None = None
+    handoff_mode: str | None = None
     output_logprobs: list | None = None
+    md_hit: int | None = None  # prompt tokens the router saw in MD's cache at the decision
+    missed_bytes: int | None = None  # MD's predicted missed KV bytes (what P->MD would send over the WAN)
+    predicted_wan_s: float | None = None
+    rld_in_flight: int | None = None  # requests in flight on the chosen relay at the decision
 
 
 class Dispatcher:
@@ -66,8 +72,18 @@ class Dispatcher:
 
     async def start(self) -> None:
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        if self.policy is not None and self.cfg.bandwidth_poll_s > 0:
+            from sglang_pdd.router.bandwidth_feed import TransferRateFeed
+
+            self.feed = TransferRateFeed(self.policy.bandwidth)
+            self._feed_task = asyncio.create_task(self.feed.poll_forever(
+                self.session, [p.url for p in self.prefill.peers], self.cfg.bandwidth_poll_s))
 
     async def close(self) -> None:
+        task = getattr(self, "_feed_task", None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
         if self.session is not None:
             await self.session.close()
 
@@ -120,7 +136,7 @@ class Dispatcher:
                         self._leave_running([t for (name, _, _), t in zip(calls, tasks) if name in ("main", "prefill")])
                         self.views[md.url].insert(list(input_ids))  # MD gets the prompt, not RLD's output
                     return
-                outcome.handoff_k = stitcher.handoff_k
+                outcome.handoff_k, outcome.handoff_mode = stitcher.handoff_k, stitcher.handoff_mode
             async for d in self._drain(queues["main"], stitcher.feed_main, lp):
                 yield d
             outcome.output_logprobs = lp or None

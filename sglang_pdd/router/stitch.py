@@ -37,6 +37,7 @@ class Stitcher:
     ids: list[int] = field(default_factory=list)
     text: str = ""
     handoff_k: int | None = None
+    handoff_mode: str | None = None  # one-shot or catch-up, as the relay reported it
     finish_reason: dict | None = None
     source: str = "relay"  # which stream feeds the client now
 
@@ -52,6 +53,7 @@ class Stitcher:
             if k != len(output_ids):
                 raise StitchError(f"relay handed off {k} tokens but streamed {len(output_ids)}")
             self.handoff_k, self.source = k, "main"
+            self.handoff_mode = finish_reason.get("mode")
             return self._advance(output_ids, None)
         return self._advance(output_ids, finish_reason)
 

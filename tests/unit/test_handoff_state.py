@@ -68,7 +68,7 @@ class FakeOps:
     def load(self):
         return self.running, self.kv_usage
 
-    def finish_with_handoff(self, req, k):
+    def finish_with_handoff(self, req, k, mode="one-shot"):
         self.handed.append((req.rid, k))
         req.finished_reason = FakeReason("pdd_handoff")
 

@@ -1,0 +1,69 @@
+"""Feed the router's WAN bandwidth estimate from the transfers prefill really completed.
+
+Every prefill server with the plugin counts, per PDD path, the bytes and the wall seconds of each
+completed transfer-engine batch (`sglang_pdd_transfer_bytes_total`, `sglang_pdd_transfer_seconds_total`,
+`sglang_pdd_transfer_batches_total`). The WAN paths are `main` (the fan-out's leg to MainDecode) and
+`direct` (P->MD). `TransferRateFeed.update` takes one `/metrics` page per prefill server, turns the
+growth since the previous page into (bytes, seconds, batches) and hands it to the estimator, which
+ignores windows too small to say anything about bandwidth. `poll_forever` does that on a timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from sglang_pdd.metrics import parse_exposition
+from sglang_pdd.router.bandwidth import BandwidthEstimator
+
+logger = logging.getLogger(__name__)
+
+WAN_PATHS = ("main", "direct")
+_NAMES = {"bytes": "sglang_pdd_transfer_bytes_total", "seconds": "sglang_pdd_transfer_seconds_total",
+          "batches": "sglang_pdd_transfer_batches_total"}
+
+
+def wan_totals(text: str, paths: tuple[str, ...] = WAN_PATHS) -> dict[str, float]:
+    """Summed KV bytes, seconds and batches over the WAN paths in one exposition page."""
+    out = {}
+    for key, name in _NAMES.items():
+        out[key] = sum(v for labels, v in parse_exposition(text, name).items()
+                       if dict(labels).get("kind") == "kv" and dict(labels).get("path") in paths)
+    return out
+
+
+class TransferRateFeed:
+    def __init__(self, estimator: BandwidthEstimator, paths: tuple[str, ...] = WAN_PATHS):
+        self.estimator, self.paths = estimator, paths
+        self._last: dict[str, dict[str, float]] = {}
+        self.samples = 0
+
+    def update(self, source: str, text: str) -> None:
+        now = wan_totals(text, self.paths)
+        prev, self._last[source] = self._last.get(source), now
+        if prev is None:
+            return
+        d = {k: now[k] - prev[k] for k in now}
+        if any(v < 0 for v in d.values()):  # the server restarted: start over from this page
+            return
+        if d["bytes"] > 0 and d["seconds"] > 0:
+            before = self.estimator.observations
+            self.estimator.observe(d["bytes"], d["seconds"], transfers=int(d["batches"]))
+            self.samples += self.estimator.observations - before
+            if self.estimator.observations > before:
+                # only a window the estimator took counts; a small one is carried into the next
+                return
+            self._last[source] = prev
+
+    async def poll_forever(self, session, urls: list[str], interval_s: float = 2.0) -> None:
+        import aiohttp
+
+        while True:
+            for url in urls:
+                try:
+                    async with session.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                        if r.status == 200:
+                            self.update(url, await r.text())
+                except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                    logger.debug("bandwidth feed: %s/metrics: %s", url, e)
+            await asyncio.sleep(interval_s)
