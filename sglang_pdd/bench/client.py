@@ -30,6 +30,7 @@ class StreamResult:
     finish_reason: dict = field(default_factory=dict)  # meta_info.finish_reason of the last chunk
     pipeline: str = ""  # the PDD router's choice (meta_info.pdd), empty for other systems
     handoff_tokens: int | None = None  # eager tokens RLD handed over (None: no handoff)
+    pdd: dict = field(default_factory=dict)  # the PDD router's meta_info.pdd (mode, MD hit, ...)
 
     @property
     def tpot_s(self) -> float | None:
@@ -99,4 +100,5 @@ def stream(url: str, body: dict, timeout_s: float = 300.0) -> StreamResult:
                         cached_tokens=int(meta.get("cached_tokens", 0)), output_ids=ids,
                         finish_reason=dict(meta.get("finish_reason") or {}),
                         pipeline=str((meta.get("pdd") or {}).get("pipeline") or ""),
-                        handoff_tokens=(meta.get("pdd") or {}).get("handoff_tokens"))
+                        handoff_tokens=(meta.get("pdd") or {}).get("handoff_tokens"),
+                        pdd=dict(meta.get("pdd") or {}))

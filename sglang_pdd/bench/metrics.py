@@ -32,6 +32,11 @@ class RequestRecord:
     error: str = ""
     pipeline: str = ""  # PDD router's pipeline for this request (P->MD, P->RLD->MD, P->RLD)
     handoff_tokens: int | None = None
+    handoff_mode: str = ""  # one-shot or catch-up (RLD's choice), empty without a handoff
+    md_hit: int | None = None  # prompt tokens the router saw in MD's cache when it chose
+    missed_bytes: int | None = None  # MD's predicted missed KV bytes at the choice
+    rld_in_flight: int | None = None  # requests in flight on the chosen relay at the choice
+    route_reason: str = ""  # why the router chose the pipeline
 
     @property
     def done_s(self) -> float:
@@ -81,6 +86,7 @@ class Summary:
     ttft_p99_s: float
     tpot_p50_s: float
     tpot_p90_s: float
+    tpot_p99_s: float
     e2e_p50_s: float
     window_s: float
     goodput_requests: int
@@ -104,7 +110,7 @@ def summarize(system: str, records: Sequence[RequestRecord], sla: Sla, wan: WanB
     return Summary(
         system=system, requests=n, failed=n - len(ok),
         ttft_p50_s=percentile(ttft, 50), ttft_p90_s=percentile(ttft, 90), ttft_p99_s=percentile(ttft, 99),
-        tpot_p50_s=percentile(tpots, 50), tpot_p90_s=percentile(tpots, 90),
+        tpot_p50_s=percentile(tpots, 50), tpot_p90_s=percentile(tpots, 90), tpot_p99_s=percentile(tpots, 99),
         e2e_p50_s=percentile([r.e2e_s for r in ok], 50), window_s=window,
         goodput_requests=good, goodput_share=good / n if n else 0.0,
         goodput_rps=good / window if window > 0 else 0.0,

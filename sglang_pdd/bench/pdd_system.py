@@ -27,15 +27,16 @@ RELAY_PORT, TOKEN_PORT = 30250, 18500
 WAN_EFFICIENCY = 0.946  # TCP goodput / configured rate on the testbed (docs/testbed.md)
 
 
-def router_link_args(testbed, kv_bytes_per_token: int | None) -> list[str]:
+def router_link_args(testbed, kv_bytes_per_token: int | None, odd_threshold: int = 0) -> list[str]:
     """What the PDD router is told about the link: the testbed's configured rate and RTT.
 
-    The odd-traffic filter is off: the presets' outputs are tens of tokens (the paper's are 1K), so
-    with the paper's 500-token threshold every request would count as odd and never reach MD."""
+    The odd-traffic filter is off unless a system sets `odd_threshold`: the presets' outputs are
+    tens of tokens (the paper's are 1K), so with the paper's 500-token threshold every request would
+    count as odd and never reach MD."""
     cfg = getattr(testbed, "config", None)
     rate = getattr(cfg, "rate_mbit", None)
     delay = getattr(cfg, "delay_ms", None)
-    args = ["--odd-output-threshold", "0"]
+    args = ["--odd-output-threshold", str(odd_threshold)]
     if rate:
         args += ["--wan-mbit", f"{rate * WAN_EFFICIENCY:g}"]
     if delay is not None:
@@ -47,6 +48,9 @@ def router_link_args(testbed, kv_bytes_per_token: int | None) -> list[str]:
 
 class PddRouted(UpstreamPD):
     pipeline: ClassVar[str] = "auto"
+    handoff_mode: ClassVar[str] = "adaptive"  # MD's --pdd-handoff-mode
+    odd_threshold: ClassVar[int] = 0  # the router's --odd-output-threshold (0: off)
+    router_extra: ClassVar[tuple[str, ...]] = ()
 
     def start(self, dep: Deployment) -> None:
         tb = self._tb = dep.testbed
@@ -63,14 +67,14 @@ class PddRouted(UpstreamPD):
             extra=["--pdd-role", "relay", "--pdd-token-port", str(TOKEN_PORT)], **common), a_ns))
         md = g.start("main", InNamespace(ServerConfig(
             port=DECODE_PORT, host=b, nccl_port=DECODE_PORT + 1000, mode="decode", decode_radix_cache=True,
-            extra=["--pdd-role", "main"], **common), b_ns))
+            extra=["--pdd-role", "main", "--pdd-handoff-mode", self.handoff_mode], **common), b_ns))
         a_ns.call(p.wait_ready)
         a_ns.call(rld.wait_ready)
         b_ns.call(md.wait_ready)
         self._router = g.start("router", InNamespace(PddRouterConfig(
             prefill=[(p.url, BOOTSTRAP_PORT)], relay=[(rld.url, TOKEN_PORT)], main=[md.url], tokenizer=dep.model,
             port=ROUTER_PORT, host=a, pipeline=self.pipeline,
-            extra=router_link_args(tb, dep.kv_bytes_per_token)), a_ns))
+            extra=router_link_args(tb, dep.kv_bytes_per_token, self.odd_threshold) + list(self.router_extra)), a_ns))
         a_ns.call(self._router.wait_ready)
         logger.info("%s up: P %s, RLD %s (token channel :%d), MD %s, router %s (pipeline %s)", self.name,
                     p.url, rld.url, TOKEN_PORT, md.url, self._router.url, self.pipeline)
@@ -87,6 +91,38 @@ class Pdd(PddRouted):
 @register("pdd-relay")
 class PddRelay(PddRouted):
     name = "pdd-relay"
-    sim_name = "pdd-one-shot"
-    description = "PDD, every request P->RLD->MD (PDD router, pipeline relay)"
+    sim_name = "pdd-adaptive"
+    description = "PDD, every request P->RLD->MD (PDD router, pipeline relay), adaptive handoffs"
     pipeline = "relay"
+
+
+@register("pdd-relay-oneshot")
+class PddRelayOneShot(PddRelay):
+    name = "pdd-relay-oneshot"
+    sim_name = "pdd-one-shot"
+    description = "PDD, every request P->RLD->MD, one-shot handoffs only"
+    handoff_mode = "one-shot"
+
+
+@register("pdd-relay-catchup")
+class PddRelayCatchUp(PddRelay):
+    name = "pdd-relay-catchup"
+    sim_name = "pdd-catch-up"
+    description = "PDD, every request P->RLD->MD, catch-up handoffs only"
+    handoff_mode = "catch-up"
+
+
+@register("pdd-odd")
+class PddOdd(Pdd):
+    name = "pdd-odd"
+    sim_name = "pdd-bw"
+    description = "PDD with the odd-traffic filter on (outputs under 33 tokens whose WAN time exceeds their decode)"
+    odd_threshold = 33
+
+
+@register("pdd-relay-only")
+class PddRelayOnly(Pdd):
+    name = "pdd-relay-only"
+    sim_name = "pdd-relay-only"
+    description = "PDD.md §4's excluded policy: requests with MD hit < 0.9 finish on RLD alone (P->RLD)"
+    router_extra = ("--allow-relay-only", "--relay-only-below-hit", "0.9")

@@ -6,6 +6,8 @@ Scale (issue 3 item 5): the tiny Llama has 16 KiB of KV per token (`TinyModelSpe
 wire: a full transfer takes seconds, as in the paper, while a 90 %-hit turn moves ~0.3 s worth.
 
 * `smoke`: 4 sessions x up to 4 turns, 32 output tokens; three systems in under ~10 minutes.
+* `handoff`: 6 sessions x up to 3 turns, 160 output tokens: long enough that most relayed requests
+  are handed over (one-shot vs catch-up vs adaptive).
 * `paper`: 8 sessions x up to 6 turns, 64 output tokens, the default hit histogram with its
   odd-traffic share; ~3x longer.
 """
@@ -82,6 +84,7 @@ def _cpu_workload(**kw) -> WorkloadConfig:
 
 PRESETS: dict[str, Preset] = {
     "smoke": Preset("smoke", _cpu_workload(), max_sessions=4, max_turns=4),
+    "handoff": Preset("handoff", _cpu_workload(output_len=LengthRange(160, 160)), max_sessions=6, max_turns=3),
     "paper": Preset("paper", _cpu_workload(request_rate=1.0, duration_s=120.0, output_len=LengthRange(64, 64),
                                            odd_fraction=0.035, odd_output_len=LengthRange(8, 32),
                                            mean_turns=8.0),

@@ -102,7 +102,9 @@ def replay(send: Send, reqs: Sequence[WorkloadRequest], vocab_size: int, timeout
                 hit_rate=r.hit_rate, sent_s=sent, ok=res.ok, ttft_s=res.ttft_s, e2e_s=res.e2e_s,
                 tpot_s=res.tpot_s, prompt_tokens=res.prompt_tokens, output_tokens=res.output_tokens,
                 cached_tokens=res.cached_tokens, error=res.error, pipeline=res.pipeline,
-                handoff_tokens=res.handoff_tokens)
+                handoff_tokens=res.handoff_tokens, handoff_mode=res.pdd.get("handoff_mode") or "",
+                md_hit=res.pdd.get("md_hit"), missed_bytes=res.pdd.get("missed_bytes"),
+                rld_in_flight=res.pdd.get("rld_in_flight"), route_reason=str(res.pdd.get("reason") or ""))
             with lock:
                 records.append(rec)
                 progress.update(1)

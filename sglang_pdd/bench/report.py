@@ -12,13 +12,14 @@ import os
 from dataclasses import asdict
 from typing import Sequence
 
+from sglang_pdd.bench import pdd_report
 from sglang_pdd.bench.metrics import RequestRecord, Summary
 
 logger = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
 
-COLUMNS = ("system", "TTFT P50 (s)", "TTFT P90 (s)", "TTFT P99 (s)", "TPOT P50 (ms)", "goodput",
+COLUMNS = ("system", "TTFT P50 (s)", "TTFT P90 (s)", "TTFT P99 (s)", "TPOT P50 (ms)", "TPOT P99 (ms)", "goodput",
            "goodput (req/s)", "WAN MiB/req", "KV MiB/req", "failed")
 
 
@@ -32,6 +33,7 @@ def table_rows(summaries: Sequence[Summary]) -> list[list[str]]:
         rows.append([
             s.system, _f(s.ttft_p50_s, ".2f"), _f(s.ttft_p90_s, ".2f"), _f(s.ttft_p99_s, ".2f"),
             _f(s.tpot_p50_s * 1e3 if s.tpot_p50_s == s.tpot_p50_s else None, ".1f"),
+            _f(s.tpot_p99_s * 1e3 if s.tpot_p99_s == s.tpot_p99_s else None, ".1f"),
             f"{s.goodput_requests}/{s.requests} ({s.goodput_share:.0%})", _f(s.goodput_rps, ".3f"),
             _f(s.wan_bytes_per_request / MIB, ".2f"),
             _f(s.kv_bytes_per_request / MIB if s.kv_bytes_per_request is not None else None, ".2f"),
@@ -95,6 +97,7 @@ def report_dict(run) -> dict:
             "sim_name": s.sim_name, "description": s.description, "startup_s": s.startup_s,
             "warmup_failed": s.warmup_failed, "error": s.error, "cpu_s": s.cpu_s,
             "summary": s.summary.to_dict() if s.summary else None,
+            "pdd": pdd_report.pdd_stats(s.records) if any(r.pipeline for r in s.records) else None,
             "wan": {"a_to_b": s.wan.a_to_b, "b_to_a": s.wan.b_to_a, "kv_sent": s.wan.kv_sent},
             "requests": [r.to_dict() for r in s.records]} for s in run.systems},
     }
@@ -133,6 +136,7 @@ def write_reports(run, out_dir: str) -> dict[str, str]:
           f"SLA: TTFT <= {run.preset.sla.ttft_s} s and TPOT <= {run.preset.sla.tpot_s * 1e3:.0f} ms. "
           f"Link: {run.testbed.get('delay_ms')} ms one way, {run.testbed.get('rate_mbit')} Mbit/s. "
           f"Runtime {run.runtime_s:.0f} s.", "", markdown_table(summaries), ""]
+    md += pdd_report.markdown(run.systems)
     for s in run.systems:
         if s.error:
             md.append(f"* `{s.name}` failed: {s.error} (logs: {s.log_dir})")

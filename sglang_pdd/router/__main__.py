@@ -54,6 +54,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--odd-output-threshold", type=int, default=500,
                     help="auto: a request with fewer output tokens whose WAN transfer would outlast its "
                          "decode on RLD is odd traffic, served P->RLD alone (0 turns this off)")
+    ap.add_argument("--rld-tpot-ms", type=float, default=50.0,
+                    help="expected RLD time per output token (odd traffic: decode on RLD vs the WAN)")
+    ap.add_argument("--allow-relay-only", action="store_true",
+                    help="experiment only (PDD.md §4): let requests whose MD hit is below "
+                         "--relay-only-below-hit finish on RLD alone; MD's cache then falls behind")
+    ap.add_argument("--relay-only-below-hit", type=float, default=0.9)
+    ap.add_argument("--bandwidth-poll-s", type=float, default=2.0,
+                    help="read prefill's completed-transfer counters this often to update the WAN "
+                         "bandwidth estimate (0: keep --wan-mbit)")
     ap.add_argument("--log-level", default="info")
     return ap
 
@@ -86,10 +95,13 @@ def main(argv: list[str] | None = None) -> int:
     kvb = args.kv_bytes_per_token or kv_bytes_from_config(args.tokenizer)
     rtt = args.wan_rtt_ms / 1000
     policy = PipelinePolicy(PipelinePolicyConfig(kv_bytes_per_token=kvb, wan_budget_s=args.wan_budget_s,
-                                                 odd_output_threshold=args.odd_output_threshold),
+                                                 odd_output_threshold=args.odd_output_threshold,
+                                                 allow_relay_only=args.allow_relay_only,
+                                                 relay_only_below_hit=args.relay_only_below_hit,
+                                                 rld_tpot_s=args.rld_tpot_ms / 1000),
                             BandwidthEstimator(args.wan_mbit * 1e6 / 8, rtt_s=rtt), rtt_s=rtt)
     try:
-        d = Dispatcher(prefill, relay, main_, DispatchConfig(args.pipeline, args.request_timeout),
+        d = Dispatcher(prefill, relay, main_, DispatchConfig(args.pipeline, args.request_timeout, args.bandwidth_poll_s),
                        decode=lambda ids: tok.decode(ids, skip_special_tokens=True), policy=policy)
     except ValueError as e:
         raise SystemExit(f"sglang-pdd router: {e}") from None

@@ -88,22 +88,29 @@ class Dispatcher:
             await self.session.close()
 
     # -- pipeline choice ------------------------------------------------------------------------
-    def choose(self, input_ids: list[int], max_new_tokens: int, md: Peer) -> tuple[Pipeline, str]:
+    def choose(self, input_ids: list[int], max_new_tokens: int, md: Peer,
+               outcome: Outcome | None = None) -> tuple[Pipeline, str]:
+        hit = self.views[md.url].match(input_ids)
+        if outcome is not None:
+            outcome.md_hit = hit
         if self.cfg.pipeline == "direct":
             return Pipeline.P_MD, "--pipeline direct"
         if self.cfg.pipeline == "relay" or self.policy is None:
             return Pipeline.P_RLD_MD, "--pipeline relay"
-        hit = self.views[md.url].match(input_ids)
         d = self.policy.decide(RouteInputs(len(input_ids), hit, max_new_tokens))
+        if outcome is not None:
+            outcome.missed_bytes, outcome.predicted_wan_s = d.missed_bytes, d.predicted_wan_s
         return d.pipeline, d.reason
 
     # -- one request ----------------------------------------------------------------------------
     async def generate(self, input_ids: list[int], sampling_params: dict, extra: dict,
                        outcome: Outcome) -> AsyncIterator[Delta]:
         p, md = self.prefill.pick(), self.main.pick()
-        pipeline, why = self.choose(input_ids, int(sampling_params.get("max_new_tokens") or 128), md)
+        pipeline, why = self.choose(input_ids, int(sampling_params.get("max_new_tokens") or 128), md, outcome)
         outcome.pipeline, outcome.reason = pipeline, why
         rld = self.relay.pick() if pipeline is not Pipeline.P_MD else None
+        if rld is not None:
+            outcome.rld_in_flight = rld.in_flight
         room, room2 = random.getrandbits(63), random.getrandbits(63)
         rid = f"pdd-{room:x}"
         base = {"input_ids": list(input_ids), "sampling_params": dict(sampling_params), **extra,
