@@ -31,7 +31,16 @@ def router(server_group, tiny_model):
     direct_router = server_group.start("pdd-router-direct", PddRouterConfig(
         prefill=[(p.url, boot)], relay=[(rld.url, TOKEN_PORT)], main=[md.url], tokenizer=tiny_model,
         port=base + 4, pipeline="direct")).wait_ready()
-    return {"relay": relay_router, "direct": direct_router, "main": md, "relay_server": rld, "idle_rows": idle_rows}
+    # auto, told a very slow WAN (so a cold prompt's transfer looks long) and a fast RLD: short outputs
+    # of cold prompts are odd traffic
+    auto_router = server_group.start("pdd-router-auto", PddRouterConfig(
+        prefill=[(p.url, boot)], relay=[(rld.url, TOKEN_PORT)], main=[md.url], tokenizer=tiny_model,
+        port=base + 5, pipeline="auto", extra=["--wan-mbit", "1", "--wan-rtt-ms", "1", "--odd-output-threshold",
+                                               "100", "--rld-tpot-ms", "10", "--bandwidth-poll-s", "0"])).wait_ready()
+    return {"relay": relay_router, "direct": direct_router, "auto": auto_router, "main": md, "relay_server": rld,
+            "idle_rows": idle_rows, "start_router": lambda name, port, extra: server_group.start(name, PddRouterConfig(
+                prefill=[(p.url, boot)], relay=[(rld.url, TOKEN_PORT)], main=[md.url], tokenizer=tiny_model,
+                port=port, pipeline="auto", extra=extra)).wait_ready()}
 
 
 @pytest.mark.parametrize("pipeline", ["relay", "direct"])
@@ -47,6 +56,47 @@ def test_generate_is_token_identical_to_a_single_server(router, reference_server
     assert meta["pdd"]["pipeline"] == ("P->RLD->MD" if pipeline == "relay" else "P->MD")
     if pipeline == "relay":
         assert meta["pdd"]["handoff_tokens"] is None or 1 <= meta["pdd"]["handoff_tokens"] <= N
+        if meta["pdd"]["handoff_tokens"] is not None:
+            assert meta["pdd"]["handoff_mode"] in ("one-shot", "catch-up")
+
+
+def router_metric(url: str, name: str) -> float:
+    return sum(metric(url, name).values())
+
+
+def test_odd_traffic_finishes_on_the_relay_and_its_wan_bytes_are_never_sent(router, reference_server, prompts):
+    auto, md = router["auto"].url, router["main"].url
+    ids = prompts.ids(700, seed=140)  # cold on MD: ~11 MiB of KV over "1 Mbit/s"
+    expected = greedy_ids(reference_server.url, ids, 16)
+    md_kv_before = router_metric(md, "sglang:prompt_tokens_total") if metric(md, "sglang:prompt_tokens_total") else 0
+    status, out = http_json(auto + "/generate", greedy_body(ids, 16))
+    assert status == 200 and out["output_ids"] == expected
+    pdd = out["meta_info"]["pdd"]
+    assert pdd["pipeline"] == "P->RLD" and pdd["reason"].startswith("odd traffic"), pdd
+    assert pdd["missed_bytes"] >= 700 * 16384 * 0.9
+    assert router_metric(auto, "sglang_pdd_router_wan_bytes_avoided_total") == pdd["missed_bytes"]
+    if md_kv_before:
+        assert router_metric(md, "sglang:prompt_tokens_total") == md_kv_before  # MD never saw it
+    # the same prompt with a long output is not odd: RLD relays, MD takes over
+    status, out = http_json(auto + "/generate", greedy_body(ids, 120))
+    assert status == 200 and out["meta_info"]["pdd"]["pipeline"] != "P->RLD"
+
+
+def test_bandwidth_estimate_follows_completed_transfers(router, reference_server, prompts):
+    auto = router["start_router"]("pdd-router-feed", 30806, ["--wan-mbit", "1", "--bandwidth-poll-s", "0.5"]).url
+    before = router_metric(auto, "sglang_pdd_router_wan_bandwidth_estimate_bytes_per_second")
+    assert abs(before - 1e6 / 8) < 1 or before > 1e6 / 8  # started from --wan-mbit 1
+    for i in range(2):  # P->MD transfers of fresh prompts: megabytes each, over loopback
+        http_json(router["direct"].url + "/generate", greedy_body(prompts.ids(800, seed=150 + i), 4))
+    import time
+
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        after = router_metric(auto, "sglang_pdd_router_wan_bandwidth_estimate_bytes_per_second")
+        if after > 2 * before:
+            break
+        time.sleep(0.5)
+    assert after > 2 * before, (before, after)
 
 
 def openai(url: str, path: str, body: dict, stream: bool):
