@@ -66,6 +66,16 @@ FLAGS: tuple[FlagSpec, ...] = (
     FlagSpec("catchup_chunk", int, 32, "main: tokens per catch-up chunk (the largest EXTEND a handoff adds "
              "to MD's step)."),
     FlagSpec("catchup_gap", int, 2, "main: catch-up ends once at most this many eager tokens remain."),
+    FlagSpec("handoff_attention", str, "auto", "main: attention of the handoff EXTEND: 'auto' runs "
+             "sglang-pdd's split-KV handoff kernel where it applies (CUDA, fp16/bf16, a plain MHA KV pool of "
+             "the same dtype, no logit cap, sliding window, sinks or MLA) and sglang's attention backend "
+             "elsewhere; 'sglang' always uses sglang's backend.", choices=("auto", "sglang")),
+    FlagSpec("adaptive_md_batch", int, 8, "relay: adaptive handoff picks one-shot while MainDecode runs at "
+             "most this many requests (a one-shot EXTEND stalls few)."),
+    FlagSpec("adaptive_rld_running", int, 48, "relay: adaptive handoff picks one-shot (frees the relay at once) "
+             "while this relay runs at least this many requests."),
+    FlagSpec("adaptive_rld_kv", float, 0.8, "relay: adaptive handoff picks one-shot while this relay's KV pool "
+             "usage is at least this fraction."),
     FlagSpec("handoff_timeout", float, 60.0, "main: seconds to wait for RelayDecode's eager tokens after "
              "the KV arrived before the request fails cleanly; relay: seconds a relayed request may wait "
              "for MainDecode after it finished locally."),
@@ -82,6 +92,10 @@ class PddConfig:
     handoff_mode: str = "adaptive"
     catchup_chunk: int = 32
     catchup_gap: int = 2
+    adaptive_md_batch: int = 8
+    adaptive_rld_running: int = 48
+    adaptive_rld_kv: float = 0.8
+    handoff_attention: str = "auto"
 
     @property
     def active(self) -> bool:
@@ -122,12 +136,14 @@ class PddConfig:
         if d.get("handoff_mode", "adaptive") not in ("one-shot", "catch-up", "adaptive"):
             raise PddConfigError(f"--pdd-handoff-mode: invalid choice {d['handoff_mode']!r} "
                                  "(one-shot, catch-up, adaptive)")
+        if d.get("handoff_attention", "auto") not in ("auto", "sglang"):
+            raise PddConfigError(f"--pdd-handoff-attention: invalid choice {d['handoff_attention']!r} (auto, sglang)")
         if "catchup_chunk" in d and not 1 <= int(d["catchup_chunk"]) <= 65536:
             raise PddConfigError(f"--pdd-catchup-chunk: must be 1..65536 tokens, got {d['catchup_chunk']}")
         if "catchup_gap" in d and not 0 <= int(d["catchup_gap"]) <= int(d.get("catchup_chunk", 32)):
             raise PddConfigError(f"--pdd-catchup-gap: must be 0..--pdd-catchup-chunk, got {d['catchup_gap']}")
         rest = {k: d[k] for k in ("token_port", "relay_finished_kv", "main_bootstrap_timeout", "handoff_timeout",
-                                  "handoff_mode", "catchup_chunk", "catchup_gap") if k in d}
+                                  "handoff_mode", "catchup_chunk", "catchup_gap", "handoff_attention") if k in d}
         return cls(role=Role(role) if role else None, **rest)
 
     @classmethod
@@ -156,7 +172,8 @@ class PddConfig:
             return "role=none (plain sglang)"
         extra = f", token channel :{self.token_port}" if self.role is Role.RELAY else ""
         if self.role is Role.MAIN:
-            extra = f", handoff {self.handoff_mode} (chunk {self.catchup_chunk}, gap {self.catchup_gap})"
+            extra = (f", handoff {self.handoff_mode} (chunk {self.catchup_chunk}, gap {self.catchup_gap}), "
+                     f"handoff attention {self.handoff_attention}")
         return f"role={self.role.value}{extra}"
 
 
@@ -168,6 +185,7 @@ class TestKnobs:
 
     main_write_delay: float = 0.0  # prefill: sleep before each KV write to MainDecode (a slow WAN write)
     main_extra_skip_pages: int = 0  # prefill: skip this many more pages for MainDecode (negative controls)
+    handoff_kernel_cpu: bool = False  # main: run the handoff attention hook on CPU too (torch reference)
 
 
 def read_test_knobs(environ: dict | None = None) -> TestKnobs:
@@ -186,7 +204,8 @@ def read_test_knobs(environ: dict | None = None) -> TestKnobs:
     if unknown:
         raise PddConfigError(f"{ENV_TEST_KNOBS} file {path}: unknown knobs {unknown}")
     return TestKnobs(main_write_delay=float(d.get("main_write_delay", 0.0)),
-                     main_extra_skip_pages=int(d.get("main_extra_skip_pages", 0)))
+                     main_extra_skip_pages=int(d.get("main_extra_skip_pages", 0)),
+                     handoff_kernel_cpu=bool(d.get("handoff_kernel_cpu", False)))
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:

@@ -51,6 +51,9 @@ class PddRouted(UpstreamPD):
     handoff_mode: ClassVar[str] = "adaptive"  # MD's --pdd-handoff-mode
     odd_threshold: ClassVar[int] = 0  # the router's --odd-output-threshold (0: off)
     router_extra: ClassVar[tuple[str, ...]] = ()
+    # adaptive handoff on RLD: one-shot while MD runs at most this many requests. The default (8)
+    # never sees a bigger MD batch at this testbed's concurrency; 2 lets the policy choose.
+    adaptive_md_batch: ClassVar[int] = 2
 
     def start(self, dep: Deployment) -> None:
         tb = self._tb = dep.testbed
@@ -64,7 +67,8 @@ class PddRouted(UpstreamPD):
             extra=["--pdd-role", "prefill"], **common), a_ns))
         rld = g.start("relay", InNamespace(ServerConfig(
             port=RELAY_PORT, host=a, nccl_port=RELAY_PORT + 1000, mode="decode",
-            extra=["--pdd-role", "relay", "--pdd-token-port", str(TOKEN_PORT)], **common), a_ns))
+            extra=["--pdd-role", "relay", "--pdd-token-port", str(TOKEN_PORT),
+                   "--pdd-adaptive-md-batch", str(self.adaptive_md_batch)], **common), a_ns))
         md = g.start("main", InNamespace(ServerConfig(
             port=DECODE_PORT, host=b, nccl_port=DECODE_PORT + 1000, mode="decode", decode_radix_cache=True,
             extra=["--pdd-role", "main", "--pdd-handoff-mode", self.handoff_mode], **common), b_ns))

@@ -9,6 +9,7 @@ from sglang_pdd import metrics
 from sglang_pdd.config import PddConfig
 from sglang_pdd.protocol.channel import RelayChannel
 from sglang_pdd.relay.handoff import RelayHandoff
+from sglang_pdd.router.handoff_mode import HandoffModeConfig, HandoffModePolicy
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +38,10 @@ class RelayRuntime:
         host = scheduler.server_args.host or "0.0.0.0"
         self.channel = RelayChannel(f"tcp://{host}:{cfg.token_port}", secret,
                                     vocab_size=scheduler.model_config.vocab_size)
-        self.handoff = RelayHandoff(self.channel, timeout_s=cfg.handoff_timeout)
+        policy = HandoffModePolicy(HandoffModeConfig(
+            rld_busy_running=cfg.adaptive_rld_running, rld_busy_kv_usage=cfg.adaptive_rld_kv,
+            md_small_batch=cfg.adaptive_md_batch))
+        self.handoff = RelayHandoff(self.channel, timeout_s=cfg.handoff_timeout, policy=policy)
         self._rejects_seen: dict[str, int] = {}
         self._finished_seen = 0
         self._modes_seen: dict[tuple[str, str], int] = {}
