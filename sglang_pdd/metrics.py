@@ -139,3 +139,10 @@ def set_handoff_policy_inputs(rld_running: int, rld_kv_usage: float, md_batch: i
     g.labels("rld_running").set(rld_running)
     g.labels("rld_kv_usage").set(rld_kv_usage)
     g.labels("md_batch").set(md_batch)
+
+
+def record_handoff_attention(path: str, reason: str) -> None:
+    """One handoff EXTEND on MainDecode: its attention ran the handoff kernel (`kernel`), sglang's backend
+    (`sglang`, with the first reason) or both (`mixed`, some layers refused)."""
+    _counter("handoff_attention_batches", "Handoff EXTEND batches by attention path", ("path", "reason")).labels(
+        path, reason).inc()

@@ -10,6 +10,7 @@ import time
 
 from sglang_pdd import metrics
 from sglang_pdd.config import PddConfig
+from sglang_pdd.main.handoff_attention import ATTENTION
 from sglang_pdd.roles import Role
 
 logger = logging.getLogger(__name__)
@@ -72,18 +73,22 @@ def around_get_next_disagg_decode_batch_to_run(original, scheduler, running_batc
     rt = runtime(scheduler)
     if rt is None or not hasattr(rt, "next_batch"):
         return original(scheduler, running_batch, *a, **kw)
+    ATTENTION.disarm()  # last round's handoff batch has run
     batch, running_batch = rt.next_batch(running_batch)
     if batch is None:
         return original(scheduler, running_batch, *a, **kw)
     from sglang.srt.managers.schedule_batch import NextBatchPlan
 
     batch = scheduler.dp_attn_adapter.maybe_prepare_mlp_sync_batch(batch)
+    ATTENTION.arm(batch, batch.batch_size())  # its attention may take the handoff kernel
     return NextBatchPlan(batch_to_run=batch, running_batch=running_batch)
 
 
 def around_process_batch_result(original, scheduler, batch, result, *a, **kw):
     """A catch-up chunk's EXTEND is MainDecode's: it only wrote KV (see MainRuntime.on_chunk_result)."""
     rt = getattr(scheduler, "_pdd_runtime", None)
+    if rt is not None and hasattr(rt, "next_batch"):
+        ATTENTION.disarm(batch)
     if rt is not None and hasattr(rt, "owns") and rt.owns(batch):
         return rt.on_chunk_result(batch, result)
     return original(scheduler, batch, result, *a, **kw)

@@ -72,3 +72,76 @@ def make_paged_batch(
         prefix_lens=torch.tensor(prefix_lens, dtype=torch.int64, device=device),
         extend_lens=torch.tensor(extend_lens, dtype=torch.int64, device=device),
     )
+
+
+# -- Stand-ins for the attention hook's GPU check where sglang is not installed (a bare GPU box) ----------
+
+class MHATokenToKVPool:
+    """sglang's plain MHA token pool, reduced to what the hook and the backend use (same name: the hook
+    checks the class by name). Slots [size + page_size, heads, dim] per layer; slot 0 is the padding slot."""
+
+    def __init__(self, size: int, page_size: int, dtype: torch.dtype, head_num: int, head_dim: int,
+                 layer_num: int, device, **_):
+        self.size, self.page_size, self.dtype, self.store_dtype = size, page_size, dtype, dtype
+        self.head_num, self.head_dim, self.v_head_dim, self.use_hnd = head_num, head_dim, head_dim, False
+        self.k_buffer = [torch.zeros((size + page_size, head_num, head_dim), dtype=dtype, device=device)
+                         for _ in range(layer_num)]
+        self.v_buffer = [torch.zeros((size + page_size, head_num, head_dim), dtype=dtype, device=device)
+                         for _ in range(layer_num)]
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.k_buffer[layer_id]
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.v_buffer[layer_id]
+
+    def set_kv_buffer(self, layer, loc, k, v, *a, **kw) -> None:
+        loc = getattr(loc, "loc", loc).long()
+        self.k_buffer[layer.layer_id][loc] = k.view(-1, self.head_num, self.head_dim).to(self.dtype)
+        self.v_buffer[layer.layer_id][loc] = v.view(-1, self.head_num, self.v_head_dim).to(self.dtype)
+
+
+class ReqToTokenPool:
+    def __init__(self, size: int, max_context_len: int, device, **_):
+        self.req_to_token = torch.zeros((size + 1, max_context_len), dtype=torch.int32, device=device)
+
+
+class SdpaExtendBackend:
+    """What sglang's torch_native backend computes for an EXTEND: store the new K/V, then per request SDPA
+    of the new tokens (front-padded to the sequence length, causal) over the row's slots."""
+
+    def __init__(self, runner):
+        self.token_to_kv_pool, self.req_to_token_pool = runner.token_to_kv_pool, runner.req_to_token_pool
+        self.kv_index_translator = None
+
+    def forward(self, q, k, v, layer, fb, save_kv_cache=True, **kwargs):
+        pool = self.token_to_kv_pool
+        if save_kv_cache:
+            pool.set_kv_buffer(layer, fb.out_cache_loc, k, v)
+        hq, d, out, start = layer.tp_q_head_num, layer.qk_head_dim, [], 0
+        q3 = q.reshape(-1, hq, d)
+        for row, p, e in zip(fb.req_pool_indices.tolist(), fb.extend_prefix_lens_cpu, fb.extend_seq_lens_cpu):
+            slots = self.req_to_token_pool.req_to_token[row, : p + e].long()
+            query = torch.zeros((hq, p + e, d), dtype=q.dtype, device=q.device)
+            query[:, p:] = q3[start : start + e].movedim(0, 1)
+            keys = pool.get_key_buffer(layer.layer_id)[slots].movedim(0, 1)
+            vals = pool.get_value_buffer(layer.layer_id)[slots].movedim(0, 1)
+            o = torch.nn.functional.scaled_dot_product_attention(
+                query[None], keys[None], vals[None], is_causal=True, scale=layer.scaling,
+                enable_gqa=hq != layer.tp_k_head_num)[0]
+            out.append(o.movedim(0, 1)[p:])
+            start += e
+        return torch.cat(out).reshape(-1, hq * layer.v_head_dim)
+
+
+class RadixAttention(torch.nn.Module):
+    """sglang's RadixAttention attributes (the layer the backends and the hook read)."""
+
+    def __init__(self, num_heads: int, head_dim: int, scaling: float, num_kv_heads: int, layer_id: int):
+        super().__init__()
+        self.tp_q_head_num, self.tp_k_head_num, self.tp_v_head_num = num_heads, num_kv_heads, num_kv_heads
+        self.head_dim = self.qk_head_dim = self.v_head_dim = head_dim
+        self.scaling, self.layer_id, self.logit_cap, self.sliding_window_size = scaling, layer_id, 0.0, -1
+        self.is_cross_attention, self.use_irope, self.xai_temperature_len = False, False, -1
+        self.k_scale = self.v_scale = None
+        self.attn_type = type("AttentionType", (), {"value": "decoder"})()

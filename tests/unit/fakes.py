@@ -163,3 +163,97 @@ class FakeKVManager:
     def send_kv_status_message(self, *, targets, bootstrap_room, status, failure_reason=None) -> None:
         if targets:
             self.status_messages.append((list(targets), bootstrap_room, int(status)))
+
+
+# -- MainDecode's attention hook (sglang_pdd.main.handoff_attention): a layer, a pool, a forward batch ----
+
+class FakeMode:
+    def __init__(self, name: str = "EXTEND"):
+        self.name = name
+
+
+class MHATokenToKVPool:
+    """Stands for sglang's plain MHA token pool (the hook checks the class by name): [S, H, D] per layer."""
+
+    def __init__(self, slots: int, heads: int, dim: int, layers: int, dtype=None, page_size: int = 1):
+        import torch
+
+        dtype = dtype or torch.float32
+        self.dtype = self.store_dtype = dtype
+        self.head_num, self.head_dim, self.v_head_dim, self.page_size = heads, dim, dim, page_size
+        self.use_hnd = False
+        self.k_buffer = [torch.zeros(slots, heads, dim, dtype=dtype) for _ in range(layers)]
+        self.v_buffer = [torch.zeros(slots, heads, dim, dtype=dtype) for _ in range(layers)]
+        self.writes: list[tuple[int, list[int]]] = []
+
+    def get_key_buffer(self, layer_id: int):
+        return self.k_buffer[layer_id]
+
+    def get_value_buffer(self, layer_id: int):
+        return self.v_buffer[layer_id]
+
+    def set_kv_buffer(self, layer, loc, k, v, *a, **kw):
+        loc = getattr(loc, "loc", loc)  # sglang's KVWriteLoc or bare slots
+        self.k_buffer[layer.layer_id][loc.long()] = k.view(k.shape[0], self.head_num, self.head_dim)
+        self.v_buffer[layer.layer_id][loc.long()] = v.view(v.shape[0], self.head_num, self.v_head_dim)
+        self.writes.append((layer.layer_id, loc.tolist()))
+
+
+@dataclass
+class FakeAttnLayer:
+    layer_id: int = 0
+    tp_q_head_num: int = 4
+    tp_k_head_num: int = 2
+    qk_head_dim: int = 8
+    v_head_dim: int = 8
+    scaling: float = 8 ** -0.5
+    logit_cap: float = 0.0
+    sliding_window_size: int = -1
+    is_cross_attention: bool = False
+    use_irope: bool = False
+    xai_temperature_len: int = -1
+    attn_type: object = field(default_factory=lambda: FakeMode("DECODER"))
+
+    def __post_init__(self):
+        self.attn_type.value = "decoder"
+
+
+@dataclass
+class FakeForwardBatch:
+    batch_size: int
+    extend_prefix_lens_cpu: list
+    extend_seq_lens_cpu: list
+    req_pool_indices: object = None
+    out_cache_loc: object = None
+    out_cache_loc_is_physical: bool = False
+    forward_mode: FakeMode = field(default_factory=FakeMode)
+    spec_info: object = None
+    encoder_lens: object = None
+    _attn_output: object = None
+
+    def __post_init__(self):
+        import torch
+
+        self.extend_prefix_lens = torch.tensor(self.extend_prefix_lens_cpu, dtype=torch.int32)
+        self.extend_seq_lens = torch.tensor(self.extend_seq_lens_cpu, dtype=torch.int32)
+
+
+class FakeReqToTokenPool:
+    def __init__(self, rows: int, width: int):
+        import torch
+
+        self.req_to_token = torch.zeros(rows, width, dtype=torch.int32)
+
+
+class FakeAttnBackend:
+    """An attention backend: the pools, and `forward` recording what reached sglang's own path."""
+
+    def __init__(self, pool, req_to_token_pool):
+        self.token_to_kv_pool, self.req_to_token_pool = pool, req_to_token_pool
+        self.kv_index_translator = None
+        self.calls: list[tuple] = []
+
+    def original(self, backend, q, k, v, layer, fb, save_kv_cache=True, **kwargs):
+        """Stands for the unhooked `AttentionBackend.forward` (returns a marker, writes nothing)."""
+        self.calls.append((backend, q, k, v, layer, fb, save_kv_cache, kwargs))
+        return ("sglang", layer.layer_id)
