@@ -6,6 +6,11 @@
 Several of each role may be given; `--peer-policy` picks among them. `--pipeline auto` asks the
 pipeline policy (predicted WAN time of MD's missed KV against `--wan-budget-s`), `relay` always
 uses P->RLD->MD, `direct` always P->MD.
+
+MD's cache hit comes from the router's own record of what it sent there (an upper bound), or, with
+`--main-kv-events tcp://MD:5557 [tcp://MD:5558]` (one per `--main`, same order), exactly from MD's
+KV events (MD started with `--kv-events-config '{"publisher": "zmq", "endpoint": "tcp://*:5557",
+"replay_endpoint": "tcp://*:5558"}'`).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import logging
 import sys
 from urllib.parse import urlparse
 
+from sglang_pdd.cache.kv_events import KvEventSource
 from sglang_pdd.router.dispatch import PIPELINE_MODES, DispatchConfig, Dispatcher
 from sglang_pdd.router.peers import Peer, PeerPool
 
@@ -34,11 +40,37 @@ def _peer_args(values: list[list[str]], role: str, default_port: int | None, fla
     return peers
 
 
+def _kv_event_args(values: list[list[str]], mains: list[Peer], topic: str) -> dict[str, KvEventSource]:
+    """`--main-kv-events ENDPOINT [REPLAY_ENDPOINT]` per --main, in order ("none": that MD has none)."""
+    if not values:
+        return {}
+    if len(values) != len(mains):
+        raise SystemExit(f"--main-kv-events: given {len(values)} times for {len(mains)} --main "
+                         "(one per --main, in the same order; 'none' for an MD without events)")
+    out = {}
+    for v, md in zip(values, mains):
+        if len(v) > 2:
+            raise SystemExit(f"--main-kv-events: expected ENDPOINT [REPLAY_ENDPOINT], got {' '.join(v)}")
+        if v[0] == "none":
+            continue
+        try:
+            out[md.url] = KvEventSource(v[0], v[1] if len(v) == 2 else None, topic)
+        except ValueError as e:
+            raise SystemExit(f"--main-kv-events: {e}") from None
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m sglang_pdd.router", description=__doc__.split("\n")[0])
     ap.add_argument("--prefill", nargs="+", action="append", metavar=("URL", "BOOTSTRAP_PORT"), required=True)
     ap.add_argument("--relay", nargs="+", action="append", metavar=("URL", "TOKEN_PORT"), default=[])
     ap.add_argument("--main", nargs=1, action="append", metavar="URL", required=True)
+    ap.add_argument("--main-kv-events", nargs="+", action="append", metavar=("ENDPOINT", "REPLAY_ENDPOINT"),
+                    default=[], help="one per --main, same order: where that MD publishes its KV events "
+                    "(its --kv-events-config endpoint and replay_endpoint, e.g. tcp://MD:5557 tcp://MD:5558; "
+                    "'none': no events). The router then routes on MD's exact cache; while the events "
+                    "cannot be trusted (lost and not replayable) it falls back to its approximate view")
+    ap.add_argument("--kv-events-topic", default="", help="the topic of MD's --kv-events-config")
     ap.add_argument("--tokenizer", required=True, help="model or tokenizer directory (chat template, detokenization)")
     ap.add_argument("--model-name", default=None)
     ap.add_argument("--host", default="127.0.0.1")
@@ -91,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     prefill = PeerPool("prefill", _peer_args(args.prefill, "prefill", 8998, "--prefill"), args.peer_policy)
     relay = PeerPool("relay", _peer_args(args.relay, "relay", None, "--relay"), args.peer_policy)
     main_ = PeerPool("main", _peer_args(args.main, "main", None, "--main"), args.peer_policy)
+    kv_events = _kv_event_args(args.main_kv_events, main_.peers, args.kv_events_topic)
     tok = AutoTokenizer.from_pretrained(args.tokenizer)
     kvb = args.kv_bytes_per_token or kv_bytes_from_config(args.tokenizer)
     rtt = args.wan_rtt_ms / 1000
@@ -102,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
                             BandwidthEstimator(args.wan_mbit * 1e6 / 8, rtt_s=rtt), rtt_s=rtt)
     try:
         d = Dispatcher(prefill, relay, main_, DispatchConfig(args.pipeline, args.request_timeout, args.bandwidth_poll_s),
-                       decode=lambda ids: tok.decode(ids, skip_special_tokens=True), policy=policy)
+                       decode=lambda ids: tok.decode(ids, skip_special_tokens=True), policy=policy,
+                       kv_events=kv_events)
     except ValueError as e:
         raise SystemExit(f"sglang-pdd router: {e}") from None
     app = RouterApp(d, tok, args.model_name or args.tokenizer.rstrip("/").split("/")[-1], args.default_max_tokens)

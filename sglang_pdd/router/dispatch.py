@@ -17,7 +17,8 @@ from typing import AsyncIterator, Callable
 
 import aiohttp
 
-from sglang_pdd.cache.prefix_view import PrefixView
+from sglang_pdd.cache import CacheView
+from sglang_pdd.cache.kv_events import KvEventSource, main_views
 from sglang_pdd.protocol.request import RequestParams, with_params
 from sglang_pdd.router import upstream
 from sglang_pdd.router.peers import Peer, PeerPool
@@ -59,19 +60,24 @@ class Outcome:
 
 class Dispatcher:
     def __init__(self, prefill: PeerPool, relay: PeerPool, main: PeerPool, cfg: DispatchConfig,
-                 decode: Callable[[list[int]], str], policy: PipelinePolicy | None = None):
+                 decode: Callable[[list[int]], str], policy: PipelinePolicy | None = None,
+                 kv_events: dict[str, KvEventSource] | None = None):
         if cfg.pipeline not in PIPELINE_MODES:
             raise ValueError(f"--pipeline must be one of {PIPELINE_MODES}, got {cfg.pipeline!r}")
         if cfg.pipeline != "direct" and not relay:
             raise ValueError(f"--pipeline {cfg.pipeline} needs at least one --relay")
         self.prefill, self.relay, self.main, self.cfg = prefill, relay, main, cfg
         self.decode, self.policy = decode, policy
-        self.views: dict[str, PrefixView] = {p.url: PrefixView() for p in main.peers}
+        # MD's cache: exact from its KV events where given (peer URL -> source), else approximate
+        self.views: dict[str, CacheView]
+        self.views, self.kv_subscribers = main_views([p.url for p in main.peers], kv_events)
         self.session: aiohttp.ClientSession | None = None
         self._background: set[asyncio.Task] = set()  # MD copies left to land their KV
 
     async def start(self) -> None:
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        for sub in self.kv_subscribers:
+            sub.start()
         if self.policy is not None and self.cfg.bandwidth_poll_s > 0:
             from sglang_pdd.router.bandwidth_feed import TransferRateFeed
 
@@ -80,6 +86,7 @@ class Dispatcher:
                 self.session, [p.url for p in self.prefill.peers], self.cfg.bandwidth_poll_s))
 
     async def close(self) -> None:
+        await asyncio.gather(*(sub.close() for sub in self.kv_subscribers))
         task = getattr(self, "_feed_task", None)
         if task is not None:
             task.cancel()
