@@ -75,8 +75,8 @@ def batch_refusal(fb: Any, q: torch.Tensor, backend: Any, armed_size: int | None
         return "pool"
     if getattr(pool, "use_hnd", False) or getattr(pool, "store_dtype", pool.dtype) != pool.dtype:
         return "pool layout"
-    if getattr(backend, "kv_index_translator", None) is not None:
-        return "translated"
+    if getattr(getattr(backend, "kv_index_translator", None), "is_translating", False):
+        return "translated"  # a unified / fused-draft pool: req_to_token holds virtual ids
     return None
 
 

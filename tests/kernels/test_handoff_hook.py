@@ -75,6 +75,12 @@ class Server:
         self.rows = parts.Rows(size=8, max_context_len=width, device=str(device), enable_memory_saver=False)
         runner = SimpleNamespace(device=str(device), token_to_kv_pool=self.pool, req_to_token_pool=self.rows)
         self.backend = parts.backend(runner)
+        if parts.real:  # what ModelRunner.bind_and_verify_backends gives every backend (identity here)
+            from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
+
+            self.backend.kv_index_translator = KVIndexTranslator(
+                req_to_token=self.rows.req_to_token, token_to_kv_pool_allocator=None,
+                token_to_kv_pool=self.pool, page_size=page, device=str(device))
         self.layers = [parts.Layer(hq, d, 1.0 / math.sqrt(d), hkv, layer_id=i) for i in range(layers)]
 
     def batch(self, prefix: list[int], extend: list[int]) -> SimpleNamespace:

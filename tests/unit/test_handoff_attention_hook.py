@@ -186,7 +186,8 @@ def test_arm_reads_the_flag_and_the_cpu_test_knob(monkeypatch, tmp_path):
     (lambda c: setattr(c.backend, "token_to_kv_pool", object()), "pool"),
     (lambda c: setattr(c.pool, "use_hnd", True), "pool layout"),
     (lambda c: setattr(c.pool, "store_dtype", torch.uint8), "pool layout"),
-    (lambda c: setattr(c.backend, "kv_index_translator", object()), "translated"),
+    (lambda c: setattr(c.backend, "kv_index_translator", FakeMode("translator")), None),  # sglang sets one always
+    (lambda c: setattr(c.backend, "kv_index_translator", type("T", (), {"is_translating": True})()), "translated"),
 ])
 def test_batch_refusals(change, reason):
     c = Case()
