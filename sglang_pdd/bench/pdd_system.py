@@ -6,12 +6,14 @@
 * `pdd-relay`: the same servers, `--pipeline relay`: every request P->RLD->MD.
 
 P runs `--pdd-role prefill`, RLD `--pdd-role relay --pdd-token-port`, MD `--pdd-role main` with the
-decode radix cache; every server gets the same `SGLANG_PDD_SECRET` (fresh per start). The client
+decode radix cache and its KV events published over ZMQ (`--kv-events-config`), which the router
+subscribes to across the WAN (`--main-kv-events`) for an exact view of MD's cache; every server gets the same `SGLANG_PDD_SECRET` (fresh per start). The client
 streams from the router exactly as for the baselines.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 from typing import ClassVar
@@ -24,6 +26,7 @@ from sglang_pdd.testing.servers import ServerGroup
 logger = logging.getLogger(__name__)
 
 RELAY_PORT, TOKEN_PORT = 30250, 18500
+EVENTS_PORT, REPLAY_PORT = 5557, 5558  # MD's KV events (the router's exact view of MD's cache)
 WAN_EFFICIENCY = 0.946  # TCP goodput / configured rate on the testbed (docs/testbed.md)
 
 
@@ -71,14 +74,17 @@ class PddRouted(UpstreamPD):
                    "--pdd-adaptive-md-batch", str(self.adaptive_md_batch)], **common), a_ns))
         md = g.start("main", InNamespace(ServerConfig(
             port=DECODE_PORT, host=b, nccl_port=DECODE_PORT + 1000, mode="decode", decode_radix_cache=True,
-            extra=["--pdd-role", "main", "--pdd-handoff-mode", self.handoff_mode], **common), b_ns))
+            extra=["--pdd-role", "main", "--pdd-handoff-mode", self.handoff_mode, "--kv-events-config",
+                   json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{EVENTS_PORT}",
+                               "replay_endpoint": f"tcp://*:{REPLAY_PORT}"})], **common), b_ns))
         a_ns.call(p.wait_ready)
         a_ns.call(rld.wait_ready)
         b_ns.call(md.wait_ready)
         self._router = g.start("router", InNamespace(PddRouterConfig(
             prefill=[(p.url, BOOTSTRAP_PORT)], relay=[(rld.url, TOKEN_PORT)], main=[md.url], tokenizer=dep.model,
             port=ROUTER_PORT, host=a, pipeline=self.pipeline,
-            extra=router_link_args(tb, dep.kv_bytes_per_token, self.odd_threshold) + list(self.router_extra)), a_ns))
+            extra=router_link_args(tb, dep.kv_bytes_per_token, self.odd_threshold) + list(self.router_extra)
+            + ["--main-kv-events", f"tcp://{b}:{EVENTS_PORT}", f"tcp://{b}:{REPLAY_PORT}"]), a_ns))
         a_ns.call(self._router.wait_ready)
         logger.info("%s up: P %s, RLD %s (token channel :%d), MD %s, router %s (pipeline %s)", self.name,
                     p.url, rld.url, TOKEN_PORT, md.url, self._router.url, self.pipeline)
