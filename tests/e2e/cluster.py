@@ -77,7 +77,7 @@ class PDDServers:
 
 
 def start_pdd(server_group, model: str, *, base_port: int, bootstrap_port: int, token_port: int,
-              handoff_timeout: float) -> PDDServers:
+              handoff_timeout: float, main_env: dict | None = None) -> PDDServers:
     """P (--pdd-role prefill), RLD (relay) and MD (main, decode radix cache) in one namespace."""
     timeout = ["--pdd-handoff-timeout", f"{handoff_timeout:g}"]
     p = server_group.start(f"pdd-prefill-{base_port}", ServerConfig(
@@ -88,7 +88,7 @@ def start_pdd(server_group, model: str, *, base_port: int, bootstrap_port: int, 
         extra=["--pdd-role", "relay", "--pdd-token-port", str(token_port), *timeout]))
     md = server_group.start(f"pdd-main-{base_port + 2}", ServerConfig(
         model=model, port=base_port + 2, nccl_port=base_port + 1002, mode="decode", bootstrap_port=bootstrap_port,
-        decode_radix_cache=True, extra=["--pdd-role", "main", *timeout]))
+        decode_radix_cache=True, extra=["--pdd-role", "main", *timeout], env=dict(main_env or {})))
     for s in (p, rld, md):
         s.wait_ready()
     idle = {s.url: wait_for_metric(s.url, "sglang_pdd_req_rows", "free") for s in (rld, md)}

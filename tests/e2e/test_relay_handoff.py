@@ -1,11 +1,14 @@
 """The core of PDD on real sglang: RLD streams t1..tk, hands over by token IDs, MD runs ONE EXTEND
 over them and continues; RLD's t1..tk followed by MD's tokens equal a single server's greedy output."""
 
+import json
+import os
 import threading
 import time
 
 import pytest
 
+from sglang_pdd.config import ENV_TEST_KNOBS
 from sglang_pdd.testing.client import generate, greedy_body, greedy_ids
 from sglang_pdd.testing.servers import http_json
 
@@ -17,13 +20,15 @@ pytestmark = pytest.mark.e2e
 TOKEN_PORT = 18500
 NEW = 64
 IDLE_ROWS: dict[str, float] = {}
+KNOBS: dict[str, str] = {}  # MD's test-knobs file (config.TestKnobs), re-read at every handoff batch
 HANDOFF_TIMEOUT = 10
 
 
 @pytest.fixture(scope="module")
-def pdd(server_group, tiny_model):
+def pdd(server_group, tiny_model, log_dir):
+    KNOBS["main"] = os.path.join(log_dir, "relay-handoff-main-knobs.json")
     servers = start_pdd(server_group, tiny_model, base_port=30700, bootstrap_port=8997, token_port=TOKEN_PORT,
-                        handoff_timeout=HANDOFF_TIMEOUT)
+                        handoff_timeout=HANDOFF_TIMEOUT, main_env={ENV_TEST_KNOBS: KNOBS["main"]})
     IDLE_ROWS.update(servers.idle_rows)
     p, rld, md, boot = servers.prefill, servers.relay, servers.main, servers.bootstrap_port
     return Roles(prefill=p.url, relay=rld.url, main=md.url, bootstrap_host="127.0.0.1",
@@ -154,6 +159,39 @@ def test_main_fails_cleanly_when_the_relay_cannot_hand_over(pdd, reference_serve
     assert status >= 400, reply
     assert "relay" in str(reply), reply
     check(pdd, reference_server, prompts.ids(50, seed=91), n=16, relay_delay_s=0.3)
+
+
+def attention_batches(pdd, path: str, reason: str | None = None) -> float:
+    return sum(v for k, v in metric(pdd.main, "sglang_pdd_handoff_attention_batches_total").items()
+               if dict(k)["path"] == path and (reason is None or dict(k)["reason"] == reason))
+
+
+def test_handoff_attention_hook_leaves_cpu_to_sglang_and_its_kernel_path_is_token_identical(
+        pdd, reference_server, prompts):
+    """On CPU the attention hook hands MD's handoff EXTEND to sglang's backend (counted with reason "cpu").
+    With MD's test knob the same hook runs its kernel path inside the server (the kernel's torch
+    reference on CPU: the store of the new K/V, req_to_token, prefix and extend lengths, the output
+    layout), for one-shot and catch-up handoffs, and the tokens still equal a single server's."""
+    cpu_before = attention_batches(pdd, "sglang", "cpu")
+    check(pdd, reference_server, prompts.ids(260, seed=140), n=48, relay_delay_s=0.3)
+    assert attention_batches(pdd, "sglang", "cpu") > cpu_before
+    assert attention_batches(pdd, "kernel") == 0
+    with open(KNOBS["main"], "w") as f:
+        json.dump({"handoff_kernel_cpu": True}, f)
+    try:
+        ids = [prompts.ids(500 + 40 * i, seed=141 + i) for i in range(3)]
+        r = relayed_with_eager(pdd, lambda i: greedy_body(ids[i], 120), 4, main_extra={"handoff": "one-shot"})
+        check_identity(reference_server, ids[r.attempt], 120, r)
+        one_shot = attention_batches(pdd, "kernel")
+        assert one_shot >= 1, (r.k, metric(pdd.main, "sglang_pdd_handoff_attention_batches_total"))
+        ids = [prompts.ids(300, seed=145 + i) for i in range(3)]
+        r = relayed_with_eager(pdd, lambda i: greedy_body(ids[i], 200), 8, delays=(0.6, 1.2, 2.4),
+                               main_extra={"handoff": "catch-up", "chunk": 4})
+        check_identity(reference_server, ids[r.attempt], 200, r)
+        assert attention_batches(pdd, "kernel") >= one_shot + 2, f"k={r.k}: chunks and the final step"
+    finally:
+        os.remove(KNOBS["main"])
+    assert attention_batches(pdd, "sglang", "arguments") + attention_batches(pdd, "mixed") == 0
 
 
 def test_pools_return_to_idle_on_relay_and_main(pdd):
