@@ -90,6 +90,13 @@ class PddRouted(UpstreamPD):
                     p.url, rld.url, TOKEN_PORT, md.url, self._router.url, self.pipeline)
 
 
+    def send_warmup(self, body: dict, timeout_s: float):
+        """A warm-up stands for the history that earlier turns left on MD (long outputs): it goes
+        P->MD. Routed by the policy, its one output token would make it odd traffic (or relay-only),
+        and MD would start every session cold."""
+        return self.send({**body, "pdd_pipeline": "direct"}, timeout_s)
+
+
 @register("pdd")
 class Pdd(PddRouted):
     name = "pdd"

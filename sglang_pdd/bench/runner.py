@@ -72,7 +72,7 @@ def run_system(name: str, tb, model_dir: str, reqs: list[WorkloadRequest], prese
         run.startup_s = time.monotonic() - t0
         logger.info("%s: servers up in %.1f s; %d warm-ups", name, run.startup_s,
                     sum(r.warmup for r in reqs))
-        run.warmup_failed = client_ns.call(warm_up, system.send, reqs, vocab_size, preset.request_timeout_s)
+        run.warmup_failed = client_ns.call(warm_up, system.send_warmup, reqs, vocab_size, preset.request_timeout_s)
         kv0 = client_ns.call(system.kv_bytes_sent)
         cpu0 = cpu.snapshot(system.servers())
         link0 = tb.link_bytes()

@@ -90,6 +90,10 @@ class System(ABC):
         """One streamed request (called from a thread inside `client_side`)."""
         return stream(self.url, body, timeout_s)
 
+    def send_warmup(self, body: dict, timeout_s: float) -> StreamResult:
+        """A warm-up: a session's context from before the window (see bench.workload)."""
+        return self.send(body, timeout_s)
+
     def kv_bytes_sent(self) -> int | None:
         """Cumulative KV bytes the prefill side moved (called inside `client_side`); None if unknown."""
         return None

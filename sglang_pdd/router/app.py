@@ -9,7 +9,7 @@ import logging
 from aiohttp import web
 
 from sglang_pdd.router import openai_api as oa
-from sglang_pdd.router.dispatch import Dispatcher, Outcome, RequestFailed
+from sglang_pdd.router.dispatch import PIPELINE_MODES, Dispatcher, Outcome, RequestFailed
 
 logger = logging.getLogger(__name__)
 
@@ -109,11 +109,16 @@ class RouterApp:
                 raise oa.BadRequest("input_ids must be a non-empty list of token ids (one prompt per request)")
             sp = dict(body.get("sampling_params") or {})
             sp.setdefault("max_new_tokens", self.default_max_tokens)
+            pipeline = body.get("pdd_pipeline")
+            if pipeline is not None and pipeline not in PIPELINE_MODES:
+                raise oa.BadRequest(f"pdd_pipeline must be one of {', '.join(PIPELINE_MODES)}")
+            if pipeline is not None and pipeline != "direct" and not self.d.relay:
+                raise oa.BadRequest(f"pdd_pipeline {pipeline} needs a relay; this router has none")
         except oa.BadRequest as e:
             return _error(400, str(e))
         extra = {"return_logprob": True} if body.get("return_logprob") else {}
         outcome = Outcome()
-        stream = self.d.generate(ids, sp, extra, outcome)
+        stream = self.d.generate(ids, sp, extra, outcome, pipeline=pipeline)
         if body.get("stream"):
             return await self._stream_native(request, stream, outcome, len(ids))
         out_ids, text, reason = [], "", None

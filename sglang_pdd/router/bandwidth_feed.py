@@ -2,8 +2,10 @@
 
 Every prefill server with the plugin counts, per PDD path, the bytes and the wall seconds of each
 completed transfer-engine batch (`sglang_pdd_transfer_bytes_total`, `sglang_pdd_transfer_seconds_total`,
-`sglang_pdd_transfer_batches_total`). The WAN paths are `main` (the fan-out's leg to MainDecode) and
-`direct` (P->MD). `TransferRateFeed.update` takes one `/metrics` page per prefill server, turns the
+`sglang_pdd_transfer_batches_total`). Only the `main` path (the fan-out's leg to MainDecode) is
+certainly the WAN: `direct` (plain PD) is P->MD in the P->MD pipeline but P->RLD for odd traffic,
+and one LAN sample would inflate the estimate for a long time, so it is left out.
+`TransferRateFeed.update` takes one `/metrics` page per prefill server, turns the
 growth since the previous page into (bytes, seconds, batches) and hands it to the estimator, which
 ignores windows too small to say anything about bandwidth. `poll_forever` does that on a timer.
 """
@@ -18,7 +20,7 @@ from sglang_pdd.router.bandwidth import BandwidthEstimator
 
 logger = logging.getLogger(__name__)
 
-WAN_PATHS = ("main", "direct")
+WAN_PATHS = ("main",)
 _NAMES = {"bytes": "sglang_pdd_transfer_bytes_total", "seconds": "sglang_pdd_transfer_seconds_total",
           "batches": "sglang_pdd_transfer_batches_total"}
 

@@ -96,14 +96,15 @@ class Dispatcher:
 
     # -- pipeline choice ------------------------------------------------------------------------
     def choose(self, input_ids: list[int], max_new_tokens: int, md: Peer,
-               outcome: Outcome | None = None) -> tuple[Pipeline, str]:
+               outcome: Outcome | None = None, mode: str | None = None) -> tuple[Pipeline, str]:
         hit = self.views[md.url].match(input_ids)
         if outcome is not None:
             outcome.md_hit = hit
-        if self.cfg.pipeline == "direct":
-            return Pipeline.P_MD, "--pipeline direct"
-        if self.cfg.pipeline == "relay" or self.policy is None:
-            return Pipeline.P_RLD_MD, "--pipeline relay"
+        mode = mode or self.cfg.pipeline
+        if mode == "direct":
+            return Pipeline.P_MD, "pipeline direct"
+        if mode == "relay" or self.policy is None:
+            return Pipeline.P_RLD_MD, "pipeline relay"
         d = self.policy.decide(RouteInputs(len(input_ids), hit, max_new_tokens))
         if outcome is not None:
             outcome.missed_bytes, outcome.predicted_wan_s = d.missed_bytes, d.predicted_wan_s
@@ -111,9 +112,11 @@ class Dispatcher:
 
     # -- one request ----------------------------------------------------------------------------
     async def generate(self, input_ids: list[int], sampling_params: dict, extra: dict,
-                       outcome: Outcome) -> AsyncIterator[Delta]:
+                       outcome: Outcome, pipeline: str | None = None) -> AsyncIterator[Delta]:
+        """`pipeline` (auto, relay, direct) overrides --pipeline for this request."""
         p, md = self.prefill.pick(), self.main.pick()
-        pipeline, why = self.choose(input_ids, int(sampling_params.get("max_new_tokens") or 128), md, outcome)
+        pipeline, why = self.choose(input_ids, int(sampling_params.get("max_new_tokens") or 128), md, outcome,
+                                    mode=pipeline)
         outcome.pipeline, outcome.reason = pipeline, why
         rld = self.relay.pick() if pipeline is not Pipeline.P_MD else None
         if rld is not None:

@@ -80,14 +80,19 @@ def test_odd_traffic_finishes_on_the_relay_and_its_wan_bytes_are_never_sent(rout
     # the same prompt with a long output is not odd: RLD relays, MD takes over
     status, out = http_json(auto + "/generate", greedy_body(ids, 120))
     assert status == 200 and out["meta_info"]["pdd"]["pipeline"] != "P->RLD"
+    # a request may name its pipeline; a bad name is a 400
+    status, out = http_json(auto + "/generate", {**greedy_body(ids, 16), "pdd_pipeline": "direct"})
+    assert status == 200 and out["meta_info"]["pdd"]["pipeline"] == "P->MD" and out["output_ids"] == expected
+    status, out = http_json(auto + "/generate", {**greedy_body(ids, 16), "pdd_pipeline": "sideways"})
+    assert status == 400 and "pdd_pipeline" in str(out)
 
 
 def test_bandwidth_estimate_follows_completed_transfers(router, reference_server, prompts):
     auto = router["start_router"]("pdd-router-feed", 30806, ["--wan-mbit", "1", "--bandwidth-poll-s", "0.5"]).url
     before = router_metric(auto, "sglang_pdd_router_wan_bandwidth_estimate_bytes_per_second")
     assert abs(before - 1e6 / 8) < 1 or before > 1e6 / 8  # started from --wan-mbit 1
-    for i in range(2):  # P->MD transfers of fresh prompts: megabytes each, over loopback
-        http_json(router["direct"].url + "/generate", greedy_body(prompts.ids(800, seed=150 + i), 4))
+    for i in range(2):  # relayed fresh prompts: P's fan-out sends MD megabytes each (over loopback here)
+        http_json(router["relay"].url + "/generate", greedy_body(prompts.ids(800, seed=150 + i), 4))
     import time
 
     deadline = time.monotonic() + 15
