@@ -8,6 +8,8 @@ wire: a full transfer takes seconds, as in the paper, while a 90 %-hit turn move
 * `smoke`: 4 sessions x up to 4 turns, 32 output tokens; three systems in under ~10 minutes.
 * `handoff`: 6 sessions x up to 3 turns, 160 output tokens: long enough that most relayed requests
   are handed over (one-shot vs catch-up vs adaptive).
+* `odd`: 6 sessions x up to 4 turns, 64 output tokens, 30 % odd traffic (8-24 tokens) and 30 % of
+  turns under 50 % hit: what the odd-traffic filter is for.
 * `paper`: 8 sessions x up to 6 turns, 64 output tokens, the default hit histogram with its
   odd-traffic share; ~3x longer.
 """
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from sglang_pdd.bench.distributions import HitHistogram, LengthRange
+from sglang_pdd.bench.distributions import HitBucket, HitHistogram, LengthRange
 from sglang_pdd.bench.workload import WorkloadConfig, WorkloadRequest, generate
 
 
@@ -85,6 +87,13 @@ def _cpu_workload(**kw) -> WorkloadConfig:
 PRESETS: dict[str, Preset] = {
     "smoke": Preset("smoke", _cpu_workload(), max_sessions=4, max_turns=4),
     "handoff": Preset("handoff", _cpu_workload(output_len=LengthRange(160, 160)), max_sessions=6, max_turns=3),
+    # odd traffic worth filtering: a third of turns have short outputs, and low-hit turns are common
+    "odd": Preset("odd", _cpu_workload(output_len=LengthRange(64, 64), odd_fraction=0.3,
+                                       odd_output_len=LengthRange(8, 24), hit_histogram=HitHistogram((
+                                           HitBucket(0.00, 0.50, 0.30), HitBucket(0.50, 0.90, 0.10),
+                                           HitBucket(0.90, 0.95, 0.15), HitBucket(0.95, 0.99, 0.25),
+                                           HitBucket(0.99, 1.00, 0.20)))),
+                  max_sessions=6, max_turns=4),
     "paper": Preset("paper", _cpu_workload(request_rate=1.0, duration_s=120.0, output_len=LengthRange(64, 64),
                                            odd_fraction=0.035, odd_output_len=LengthRange(8, 32),
                                            mean_turns=8.0),

@@ -92,18 +92,24 @@ def test_logprobs_cover_the_eager_tokens(pdd, reference_server, prompts):
     assert max(abs(a[0] - b[0]) for a, b in zip(got, ref)) < 1e-3, f"k={r.k}"
 
 
-def test_concurrent_handoffs_share_one_extend_step(pdd, reference_server, prompts):
-    cases = [prompts.ids(200 + 50 * i, seed=40 + i) for i in range(4)]
-    out = [None] * len(cases)
+def concurrently(fn, n: int) -> list:
+    """fn(0..n-1) on n threads at once; the results (None where fn raised: its thread reports it)."""
+    out = [None] * n
 
     def one(i):
-        out[i] = check(pdd, reference_server, cases[i], relay_delay_s=1.0)
+        out[i] = fn(i)
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(cases))]
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    return out
+
+
+def test_concurrent_handoffs_share_one_extend_step(pdd, reference_server, prompts):
+    cases = [prompts.ids(200 + 50 * i, seed=40 + i) for i in range(4)]
+    out = concurrently(lambda i: check(pdd, reference_server, cases[i], relay_delay_s=1.0), len(cases))
     assert all(r is not None for r in out)
     sizes = metric(pdd.main, "sglang_pdd_handoff_extend_batches_total")
     assert max(int(dict(labels)["size"]) for labels in sizes) >= 2, sizes
@@ -247,17 +253,8 @@ def test_catch_up_handoff_is_token_identical(pdd, reference_server, prompts, chu
 
 def test_concurrent_catch_up_handoffs(pdd, reference_server, prompts):
     cases = [prompts.ids(250 + 40 * i, seed=110 + i) for i in range(3)]
-    out = [None] * len(cases)
-
-    def one(i):
-        out[i] = check(pdd, reference_server, cases[i], n=400, main_delay_s=0.6 + 0.2 * i,
-                       main_extra={"handoff": "catch-up", "chunk": 4})
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(cases))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    out = concurrently(lambda i: check(pdd, reference_server, cases[i], n=400, main_delay_s=0.6 + 0.2 * i,
+                                       main_extra={"handoff": "catch-up", "chunk": 4}), len(cases))
     assert all(r is not None for r in out)
 
 
