@@ -45,14 +45,20 @@ def check(pdd, reference_server, ids, n=NEW, **kw):
     return r
 
 
-def relayed_with_eager(pdd, body_for, min_k: int, delays=(0.8, 1.6, 3.2), **kw):
-    """relayed_generate, holding MD back longer until RLD decoded at least `min_k` eager tokens
-    before the handoff (how many it gets in a given delay depends on the box's load)."""
-    for attempt, delay in enumerate(delays):
+ATTEMPTS = 5
+
+
+def relayed_with_eager(pdd, body_for, min_k: int, delay: float = 0.8, **kw):
+    """relayed_generate until RLD decoded at least `min_k` eager tokens before the handoff: MD is
+    held back twice as long after too few, half as long after RLD finished the request itself (how
+    many tokens RLD decodes in a given delay depends on the box's load). `body_for(attempt)`."""
+    for attempt in range(ATTEMPTS):
         r = relayed_generate(pdd, body_for(attempt), main_delay_s=delay, **kw)
         r.attempt = attempt
-        if r.relay["meta_info"]["finish_reason"]["type"] == "pdd_handoff" and r.k >= min_k:
+        handed = r.relay["meta_info"]["finish_reason"]["type"] == "pdd_handoff"
+        if handed and r.k >= min_k:
             return r
+        delay = delay * 2 if handed else delay / 2
     return r
 
 
@@ -75,8 +81,8 @@ def test_handoff_after_relay_decoded_eager_tokens(pdd, reference_server, prompts
 def test_penalties_count_the_eager_tokens(pdd, reference_server, prompts):
     ids = prompts.ids(150, seed=35)
     sp = {"frequency_penalty": 0.8, "presence_penalty": 0.3}
-    expected = greedy_ids(reference_server.url, ids, 96, **sp)
-    r = relayed_with_eager(pdd, lambda _: greedy_body(ids, 96, **sp), 2, delays=(0.6, 1.2, 2.4))
+    expected = greedy_ids(reference_server.url, ids, 200, **sp)
+    r = relayed_with_eager(pdd, lambda _: greedy_body(ids, 200, **sp), 2, delay=0.6)
     assert r.relay["meta_info"]["finish_reason"]["type"] == "pdd_handoff" and r.k > 1
     assert r.main["output_ids"] == expected, f"k={r.k}"
 
@@ -124,10 +130,10 @@ def test_part_of_the_prompt_already_cached_on_main(pdd, reference_server, prompt
 
 
 def test_negative_control_main_without_the_extend_kv_diverges(pdd, reference_server, prompts):
-    cases = [prompts.ids(400, seed=70 + i) for i in range(3)]  # prompts nothing else uses
-    r = relayed_with_eager(pdd, lambda i: greedy_body(cases[i], 96), 8,
+    cases = [prompts.ids(400, seed=70 + i) for i in range(ATTEMPTS)]  # prompts nothing else uses
+    r = relayed_with_eager(pdd, lambda i: greedy_body(cases[i], 300), 8,
                            main_extra={"test_drop_eager_kv": True, "handoff": "one-shot"})
-    expected = greedy_ids(reference_server.url, cases[r.attempt], 96)
+    expected = greedy_ids(reference_server.url, cases[r.attempt], 300)
     assert r.relay["meta_info"]["finish_reason"]["type"] == "pdd_handoff"
     assert r.k >= 8, "too few eager tokens for the control to mean anything"
     assert r.relay["output_ids"] == expected[: r.k]
@@ -185,15 +191,15 @@ def test_handoff_attention_hook_leaves_cpu_to_sglang_and_its_kernel_path_is_toke
     with open(KNOBS["main"], "w") as f:
         json.dump({"handoff_kernel_cpu": True}, f)
     try:
-        ids = [prompts.ids(500 + 40 * i, seed=141 + i) for i in range(3)]
-        r = relayed_with_eager(pdd, lambda i: greedy_body(ids[i], 120), 4, main_extra={"handoff": "one-shot"})
-        check_identity(reference_server, ids[r.attempt], 120, r)
+        ids = [prompts.ids(500 + 40 * i, seed=141 + i) for i in range(ATTEMPTS)]
+        r = relayed_with_eager(pdd, lambda i: greedy_body(ids[i], 240), 4, main_extra={"handoff": "one-shot"})
+        check_identity(reference_server, ids[r.attempt], 240, r)
         one_shot = attention_batches(pdd, "kernel")
         assert one_shot >= 1, (r.k, metric(pdd.main, "sglang_pdd_handoff_attention_batches_total"))
-        ids = [prompts.ids(300, seed=145 + i) for i in range(3)]
-        r = relayed_with_eager(pdd, lambda i: greedy_body(ids[i], 200), 8, delays=(0.6, 1.2, 2.4),
+        ids = [prompts.ids(300, seed=145 + i) for i in range(ATTEMPTS)]
+        r = relayed_with_eager(pdd, lambda i: greedy_body(ids[i], 300), 8, delay=0.6,
                                main_extra={"handoff": "catch-up", "chunk": 4})
-        check_identity(reference_server, ids[r.attempt], 200, r)
+        check_identity(reference_server, ids[r.attempt], 300, r)
         assert attention_batches(pdd, "kernel") >= one_shot + 2, f"k={r.k}: chunks and the final step"
     finally:
         os.remove(KNOBS["main"])
@@ -242,9 +248,9 @@ def check_identity(reference_server, ids, n, r):
 
 @pytest.mark.parametrize("chunk", [1, 4, 16])
 def test_catch_up_handoff_is_token_identical(pdd, reference_server, prompts, chunk):
-    cases = [prompts.ids(300, seed=100 + 10 * chunk + i) for i in range(3)]
+    cases = [prompts.ids(300, seed=100 + 10 * chunk + i) for i in range(ATTEMPTS)]
     chunks_before = relay_counter(pdd, "sglang_pdd_catchup_chunks_total")
-    r = relayed_with_eager(pdd, lambda i: greedy_body(cases[i], 400), chunk + 3, delays=(0.6, 1.2, 2.4),
+    r = relayed_with_eager(pdd, lambda i: greedy_body(cases[i], 400), chunk + 3, delay=0.6,
                            main_extra={"handoff": "catch-up", "chunk": chunk})
     check_identity(reference_server, cases[r.attempt], 400, r)
     assert r.k > chunk + 2, "too few eager tokens for a catch-up"
