@@ -9,6 +9,7 @@ prometheus_client from being imported before that variable is set.
 from __future__ import annotations
 
 import threading
+from typing import Any, Callable
 
 PREFIX = "sglang_pdd_"
 _lock = threading.Lock()
@@ -82,8 +83,8 @@ def record_extend_batch(size: int) -> None:
              ("size",)).labels(str(size)).inc()
 
 
-def record_relay_finished(role: str) -> None:
-    _counter("relay_finished", "Relayed requests the relay completed itself", ("role",)).labels(role).inc()
+def record_relay_finished(role: str, n: int = 1) -> None:
+    _counter("relay_finished", "Relayed requests the relay completed itself", ("role",)).labels(role).inc(n)
 
 
 def record_handoff_failure(role: str, reason: str) -> None:
@@ -96,12 +97,19 @@ def record_channel_rejects(role: str, reason: str, n: int) -> None:
              ("role", "reason")).labels(role, reason).inc(n)
 
 
+def export_deltas(counts: dict, seen: dict, record: Callable[[Any, int], None]) -> None:
+    """`record(key, gain)` for what each running count in `counts` gained since `seen` (updated in
+    place): the state machines keep plain counts, the counters on /metrics get their growth."""
+    for key, n in counts.items():
+        gain = n - seen.get(key, 0)
+        if gain > 0:
+            record(key, gain)
+            seen[key] = n
+
+
 def export_channel_rejects(role: str, rejected: dict[str, int], seen: dict[str, int]) -> None:
     """Publish what a channel's running `rejected` counts gained since `seen` (updated in place)."""
-    for reason, n in rejected.items():
-        if n > seen.get(reason, 0):
-            record_channel_rejects(role, reason, n - seen.get(reason, 0))
-            seen[reason] = n
+    export_deltas(rejected, seen, lambda reason, n: record_channel_rejects(role, reason, n))
 
 
 def set_held(role: str, n: int) -> None:
@@ -121,16 +129,20 @@ def publish_pool_state(role: str, scheduler) -> None:
     r.labels(role, "total").set(rows.size)
 
 
-def record_handoff_mode(role: str, mode: str, reason: str) -> None:
-    """The handoff mode fixed for one request (on RLD, which decides) and why (a short label)."""
+def record_handoff_mode(role: str, mode: str, reason: str, n: int = 1) -> None:
+    """Handoff modes fixed for requests (on RLD, which decides) and why (a short label)."""
     _counter("handoff_mode", "Handoffs by mode (one-shot, catch-up) and the reason of the choice",
-             ("role", "mode", "reason")).labels(role, mode, reason).inc()
+             ("role", "mode", "reason")).labels(role, mode, reason).inc(n)
 
 
-def record_catchup_chunks(role: str, chunks: int, n_tokens: int) -> None:
-    _counter("catchup_chunks", "Non-final catch-up chunks", ("role",)).labels(role).inc(chunks)
-    _counter("catchup_chunk_tokens", "Eager tokens sent or recomputed in non-final catch-up chunks",
-             ("role",)).labels(role).inc(n_tokens)
+_CATCHUP = {"chunks": ("catchup_chunks", "Non-final catch-up chunks"),
+            "tokens": ("catchup_chunk_tokens", "Eager tokens sent or recomputed in non-final catch-up chunks")}
+
+
+def record_catchup(role: str, what: str, n: int) -> None:
+    """`n` more non-final catch-up chunks (`what="chunks"`) or eager tokens they carried ("tokens")."""
+    name, doc = _CATCHUP[what]
+    _counter(name, doc, ("role",)).labels(role).inc(n)
 
 
 def set_handoff_policy_inputs(rld_running: int, rld_kv_usage: float, md_batch: int) -> None:

@@ -53,7 +53,6 @@ class Pending:
     have: int = 0  # eager tokens whose KV MD has computed (catch-up chunks done)
     mode: str = "adaptive"  # what MD asks for: one-shot, catch-up, adaptive
     chunk: int = 32
-    gap: int = 2
     chosen: str = ""  # the mode the relay chose
     drop_eager_kv: bool = False  # test-only negative control (see RequestParams)
 
@@ -97,7 +96,7 @@ class MainHandoff:
         key = (params.relay, params.relay_room)
         self.pending[key] = Pending(req, params.relay, params.relay_room, since=self.now(),
                                     mode=params.handoff or self.mode, chunk=params.chunk or self.chunk,
-                                    gap=self.gap, drop_eager_kv=params.test_drop_eager_kv)
+                                    drop_eager_kv=params.test_drop_eager_kv)
         self.by_rid[req.rid] = key
         self.stats.admitted += 1
         self.channel.send(params.relay, Watch(room=params.relay_room))
@@ -126,7 +125,7 @@ class MainHandoff:
     def _ask(self, p: Pending, md_batch: int) -> None:
         p.state, p.since = WAITING_TOKENS, self.now()
         self.channel.send(p.relay, Ready(room=p.relay_room, have=p.have, mode=p.mode,
-                                         chunk=0 if p.mode == "one-shot" else p.chunk, gap=p.gap,
+                                         chunk=0 if p.mode == "one-shot" else p.chunk, gap=self.gap,
                                          md_batch=md_batch))
 
     def held(self) -> list[Any]:

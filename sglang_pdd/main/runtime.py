@@ -27,6 +27,8 @@ class MainRuntime:
         self._chunk_items: list = []
         self._registered: set[int] = set()
         self._rejects_seen: dict[str, int] = {}
+        self._modes_seen: dict[str, int] = {}
+        self._chunks_seen: dict[str, int] = {}
         self._testing = testing_enabled()
         self._drop_after_extend: list = []  # negative control: (req, n, k) whose eager KV is discarded
 
@@ -81,13 +83,10 @@ class MainRuntime:
         metrics.export_channel_rejects("main", rejected, self._rejects_seen)
         metrics.set_held("main", len(self.handoff.held()))
         st = self.handoff.stats
-        seen = getattr(self, "_published", {"chunks": 0, "chunk_tokens": 0, "modes": {}})
-        if st.chunks > seen["chunks"]:
-            metrics.record_catchup_chunks("main", st.chunks - seen["chunks"], st.chunk_tokens - seen["chunk_tokens"])
-        for mode, n in st.modes.items():
-            for _ in range(n - seen["modes"].get(mode, 0)):
-                metrics.record_handoff_mode("main", mode or "unknown", "relay_chose")
-        self._published = {"chunks": st.chunks, "chunk_tokens": st.chunk_tokens, "modes": dict(st.modes)}
+        metrics.export_deltas({"chunks": st.chunks, "tokens": st.chunk_tokens}, self._chunks_seen,
+                              lambda what, n: metrics.record_catchup("main", what, n))
+        metrics.export_deltas(st.modes, self._modes_seen,
+                              lambda mode, n: metrics.record_handoff_mode("main", mode or "unknown", "relay_chose", n))
 
     def _abort(self, a, keep_kv: bool = True) -> None:
         from sglang.srt.disaggregation.utils import prepare_abort

@@ -172,10 +172,8 @@ class RelayHandoff:
         self.channel.send(peer, msg)
 
     def _choose(self, ready: Ready, eager: int, ops: RelayOps) -> HandoffMode:
-        if ready.mode == HandoffMode.ONE_SHOT.value:
-            mode, label = HandoffMode.ONE_SHOT, "requested"
-        elif ready.mode == HandoffMode.CATCH_UP.value:
-            mode, label = HandoffMode.CATCH_UP, "requested"
+        if ready.mode != "adaptive":  # one-shot or catch-up, as MD asked
+            mode, label = HandoffMode(ready.mode), "requested"
         else:
             running, usage = ops.load()
             load = HandoffLoad(running, usage, ready.md_batch, eager_tokens=eager, chunk_tokens=ready.chunk)

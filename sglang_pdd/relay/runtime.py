@@ -43,9 +43,9 @@ class RelayRuntime:
             md_small_batch=cfg.adaptive_md_batch))
         self.handoff = RelayHandoff(self.channel, timeout_s=cfg.handoff_timeout, policy=policy)
         self._rejects_seen: dict[str, int] = {}
-        self._finished_seen = 0
+        self._finished_seen: dict[str, int] = {}
         self._modes_seen: dict[tuple[str, str], int] = {}
-        self._chunks_seen = (0, 0)
+        self._chunks_seen: dict[str, int] = {}
         sleeper = getattr(scheduler, "idle_sleeper", None)
         if sleeper is not None and hasattr(sleeper, "poller"):
             import zmq
@@ -90,21 +90,14 @@ class RelayRuntime:
     # -- called by the hooks ----------------------------------------------------------------
     def poll(self) -> None:
         self.handoff.poll(self)
-        metrics.export_channel_rejects("relay", self.channel.rejected, self._rejects_seen)
-        done = self.handoff.stats.finished_locally
-        if done > self._finished_seen:
-            for _ in range(done - self._finished_seen):
-                metrics.record_relay_finished("relay")
-            self._finished_seen = done
         st = self.handoff.stats
-        for (mode, label), n in st.modes.items():
-            for _ in range(n - self._modes_seen.get((mode, label), 0)):
-                metrics.record_handoff_mode("relay", mode, label)
-            self._modes_seen[(mode, label)] = n
-        if st.chunks > self._chunks_seen[0]:
-            metrics.record_catchup_chunks("relay", st.chunks - self._chunks_seen[0],
-                                          st.chunk_tokens - self._chunks_seen[1])
-            self._chunks_seen = (st.chunks, st.chunk_tokens)
+        metrics.export_channel_rejects("relay", self.channel.rejected, self._rejects_seen)
+        metrics.export_deltas({"": st.finished_locally}, self._finished_seen,
+                              lambda _, n: metrics.record_relay_finished("relay", n))
+        metrics.export_deltas(st.modes, self._modes_seen,
+                              lambda key, n: metrics.record_handoff_mode("relay", key[0], key[1], n))
+        metrics.export_deltas({"chunks": st.chunks, "tokens": st.chunk_tokens}, self._chunks_seen,
+                              lambda what, n: metrics.record_catchup("relay", what, n))
         if st.last_load is not None:
             ld, st.last_load = st.last_load, None
             metrics.set_handoff_policy_inputs(ld.rld_running, ld.rld_kv_usage, ld.md_batch_size)

@@ -51,11 +51,10 @@ class TransferRateFeed:
         if d["bytes"] > 0 and d["seconds"] > 0:
             before = self.estimator.observations
             self.estimator.observe(d["bytes"], d["seconds"], transfers=int(d["batches"]))
-            self.samples += self.estimator.observations - before
-            if self.estimator.observations > before:
-                # only a window the estimator took counts; a small one is carried into the next
-                return
-            self._last[source] = prev
+            if self.estimator.observations == before:  # too small to say anything: carry it into the next
+                self._last[source] = prev
+            else:
+                self.samples += 1
 
     async def poll_forever(self, session, urls: list[str], interval_s: float = 2.0) -> None:
         import aiohttp

@@ -256,13 +256,20 @@ def ready_at(relay_room, have, chunk=2, gap=1, mode="catch-up", md_batch=0):
     return Ready(room=relay_room, have=have, mode=mode, chunk=chunk, gap=gap, md_batch=md_batch)
 
 
-def test_relay_catch_up_sends_chunks_while_decoding_and_ends_when_the_gap_is_small():
-    h, ch, _ = relay()
-    req = FakeReq("a", 7, output_ids=[1, 2, 3, 4, 5])
+def relay_decoding(output_ids: list[int], h=None, ch=None):
+    """A relay whose request "a" (room 7) is decoding and has been asked for its first chunk."""
+    if h is None:
+        h, ch, _ = relay()
+    req = FakeReq("a", 7, output_ids=output_ids)
     h.track(req)
     ops = FakeOps(decoding=["a"])
     ch.inbox = [(b"md", ready_at(7, 0))]
     h.poll(ops)
+    return h, ch, req, ops
+
+
+def test_relay_catch_up_sends_chunks_while_decoding_and_ends_when_the_gap_is_small():
+    h, ch, req, ops = relay_decoding([1, 2, 3, 4, 5])
     assert ch.sent[-1] == (b"md", Tokens(room=7, start=0, ids=[1, 2], final=False, mode="catch-up"))
     assert ops.handed == [] and not req.finished()  # RLD keeps decoding
     h.poll(ops)
@@ -286,12 +293,7 @@ def test_relay_catch_up_sends_chunks_while_decoding_and_ends_when_the_gap_is_sma
 
 def test_relay_catch_up_goes_final_after_max_rounds():
     ch, clock = FakeChannel(), Clock()
-    h = RelayHandoff(ch, timeout_s=5, now=clock, max_rounds=1)
-    req = FakeReq("a", 7, output_ids=list(range(10)))
-    h.track(req)
-    ops = FakeOps(decoding=["a"])
-    ch.inbox = [(b"md", ready_at(7, 0))]
-    h.poll(ops)
+    h, ch, req, ops = relay_decoding(list(range(10)), RelayHandoff(ch, timeout_s=5, now=clock, max_rounds=1), ch)
     ch.inbox = [(b"md", ready_at(7, 2))]
     h.poll(ops)
     assert ch.sent[-1][1].final and ch.sent[-1][1].ids == list(range(2, 10)) and ops.handed == [("a", 10)]
@@ -315,12 +317,7 @@ def test_relay_catch_up_that_does_not_converge_goes_final():
 
 
 def test_relay_rejects_a_ready_that_does_not_continue_what_it_sent():
-    h, ch, _ = relay()
-    req = FakeReq("a", 7, output_ids=[1, 2, 3, 4, 5])
-    h.track(req)
-    ops = FakeOps(decoding=["a"])
-    ch.inbox = [(b"md", ready_at(7, 0))]
-    h.poll(ops)
+    h, ch, req, ops = relay_decoding([1, 2, 3, 4, 5])
     ch.inbox = [(b"md", ready_at(7, 3))]  # it sent 2
     h.poll(ops)
     assert ch.sent[-1] == (b"md", Reject(room=7, reason="ready at 3 tokens, 2 were sent")) and h.rooms == {}
