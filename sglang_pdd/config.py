@@ -70,6 +70,13 @@ FLAGS: tuple[FlagSpec, ...] = (
              "sglang-pdd's split-KV handoff kernel where it applies (CUDA, fp16/bf16, a plain MHA KV pool of "
              "the same dtype, no logit cap, sliding window, sinks or MLA) and sglang's attention backend "
              "elsewhere; 'sglang' always uses sglang's backend.", choices=("auto", "sglang")),
+    FlagSpec("packed_wan", str, "off", "prefill and main: the packed WAN path. On main, 'plain' or 'fp8' "
+             "offers P a landing region per request, so P packs the request's missed KV (all layers, K and V) "
+             "into a few large writes instead of one per page and layer (fp8: e4m3 with per-block scales, "
+             "lossy, see docs/kernels.md); on prefill, anything but 'off' honours those offers. A request "
+             "without an offer, or that does not fit, goes page by page.", choices=("off", "plain", "fp8")),
+    FlagSpec("packed_wan_mb", int, 512, "main: MiB of host memory for packed-WAN landing regions (a request "
+             "that does not fit goes page by page)."),
     FlagSpec("adaptive_md_batch", int, 8, "relay: adaptive handoff picks one-shot while MainDecode runs at "
              "most this many requests (a one-shot EXTEND stalls few)."),
     FlagSpec("adaptive_rld_running", int, 48, "relay: adaptive handoff picks one-shot (frees the relay at once) "
@@ -96,6 +103,8 @@ class PddConfig:
     adaptive_rld_running: int = 48
     adaptive_rld_kv: float = 0.8
     handoff_attention: str = "auto"
+    packed_wan: str = "off"
+    packed_wan_mb: int = 512
 
     @property
     def active(self) -> bool:
@@ -142,8 +151,16 @@ class PddConfig:
             raise PddConfigError(f"--pdd-catchup-chunk: must be 1..65536 tokens, got {d['catchup_chunk']}")
         if "catchup_gap" in d and not 0 <= int(d["catchup_gap"]) <= int(d.get("catchup_chunk", 32)):
             raise PddConfigError(f"--pdd-catchup-gap: must be 0..--pdd-catchup-chunk, got {d['catchup_gap']}")
-        rest = {k: d[k] for k in ("token_port", "relay_finished_kv", "main_bootstrap_timeout", "handoff_timeout",
-                                  "handoff_mode", "catchup_chunk", "catchup_gap", "handoff_attention") if k in d}
+        if d.get("packed_wan", "off") not in ("off", "plain", "fp8"):
+            raise PddConfigError(f"--pdd-packed-wan: invalid choice {d['packed_wan']!r} (off, plain, fp8)")
+        if "packed_wan_mb" in d and not 1 <= int(d["packed_wan_mb"]) <= 1 << 20:
+            raise PddConfigError(f"--pdd-packed-wan-mb: must be 1..1048576 MiB, got {d['packed_wan_mb']}")
+        for name in ("adaptive_md_batch", "adaptive_rld_running"):
+            if name in d and not int(d[name]) >= 0:
+                raise PddConfigError(f"--pdd-{name.replace('_', '-')}: must be >= 0, got {d[name]}")
+        if "adaptive_rld_kv" in d and not 0.0 <= float(d["adaptive_rld_kv"]) <= 1.0:
+            raise PddConfigError(f"--pdd-adaptive-rld-kv: must be 0..1, got {d['adaptive_rld_kv']}")
+        rest = {f.name: d[f.name] for f in fields(cls) if f.name != "role" and f.name in d}
         return cls(role=Role(role) if role else None, **rest)
 
     @classmethod
@@ -186,6 +203,8 @@ class TestKnobs:
     main_write_delay: float = 0.0  # prefill: sleep before each KV write to MainDecode (a slow WAN write)
     main_extra_skip_pages: int = 0  # prefill: skip this many more pages for MainDecode (negative controls)
     handoff_kernel_cpu: bool = False  # main: run the handoff attention hook on CPU too (torch reference)
+    packed_skip_unpack: bool = False  # main: leave packed WAN blocks in the landing region (negative control)
+    packed_staging_bytes: int = 0  # prefill: packed WAN blocks of at most this many bytes (0: the default)
 
 
 def read_test_knobs(environ: dict | None = None) -> TestKnobs:
@@ -205,7 +224,9 @@ def read_test_knobs(environ: dict | None = None) -> TestKnobs:
         raise PddConfigError(f"{ENV_TEST_KNOBS} file {path}: unknown knobs {unknown}")
     return TestKnobs(main_write_delay=float(d.get("main_write_delay", 0.0)),
                      main_extra_skip_pages=int(d.get("main_extra_skip_pages", 0)),
-                     handoff_kernel_cpu=bool(d.get("handoff_kernel_cpu", False)))
+                     handoff_kernel_cpu=bool(d.get("handoff_kernel_cpu", False)),
+                     packed_skip_unpack=bool(d.get("packed_skip_unpack", False)),
+                     packed_staging_bytes=int(d.get("packed_staging_bytes", 0)))
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:

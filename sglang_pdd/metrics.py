@@ -158,3 +158,16 @@ def record_handoff_attention(path: str, reason: str) -> None:
     (`sglang`, with the first reason) or both (`mixed`, some layers refused)."""
     _counter("handoff_attention_batches", "Handoff EXTEND batches by attention path", ("path", "reason")).labels(
         path, reason).inc()
+
+
+def record_packed_wan(side: str, event: str) -> None:
+    """Packed WAN path: P's chunks packed or sent page by page (and why); MD's offers and unpacks."""
+    _counter("packed_wan_events", "Packed WAN path events by side and event", ("side", "event")).labels(
+        side=side, event=event).inc()
+
+
+def set_packed_wan_landing(used_bytes: int, rooms: int, quarantined: int) -> None:
+    g = _gauge("packed_wan_landing", "MainDecode's packed-WAN landing arena", ("what",))
+    g.labels(what="bytes").set(used_bytes)
+    g.labels(what="rooms").set(rooms)
+    g.labels(what="quarantined").set(quarantined)

@@ -59,6 +59,18 @@ HOOKS: tuple[Hook, ...] = (
          "prefill:around_update_status", "AROUND"),
     Hook(f"{_SRT}.managers.scheduler_components.internal_state.SchedulerInternalStateController"
          ".get_internal_state", "prefill:after_get_internal_state", "AFTER"),
+    # The packed WAN path (--pdd-packed-wan): MD offers landing regions, P packs into them, MD unpacks
+    Hook(f"{_SRT}.disaggregation.prefill.PrefillBootstrapQueue._init_kv_manager",
+         "packed_wan:after_init_kv_manager", "AFTER"),
+    Hook(f"{_SRT}.disaggregation.decode.DecodePreallocQueue._init_kv_manager",
+         "packed_wan:after_init_kv_manager", "AFTER"),
+    Hook(f"{_SRT}.disaggregation.mooncake.conn.MooncakeKVManager.build_receiver_metadata_message",
+         "packed_wan:around_build_receiver_metadata_message", "AROUND"),
+    Hook(f"{_SRT}.disaggregation.mooncake.conn.TransferInfo.from_zmq",
+         "packed_wan:after_transfer_info_from_zmq", "AFTER"),
+    Hook(f"{_SRT}.disaggregation.common.conn.CommonKVReceiver.poll", "packed_wan:around_receiver_poll", "AROUND"),
+    Hook(f"{_SRT}.disaggregation.common.conn.CommonKVReceiver.clear", "packed_wan:after_receiver_release", "AFTER"),
+    Hook(f"{_SRT}.disaggregation.common.conn.CommonKVReceiver.abort", "packed_wan:after_receiver_release", "AFTER"),
     # RelayDecode and MainDecode (inert on other servers)
     Hook(f"{_SRT}.managers.scheduler.Scheduler._add_request_to_queue",
          "decode:after_add_request_to_queue", "AFTER"),

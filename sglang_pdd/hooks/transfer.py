@@ -10,6 +10,7 @@ import os
 import time
 
 from sglang_pdd import config, metrics
+from sglang_pdd.hooks import packed_wan
 from sglang_pdd.transfer.accounting import TransferLedger
 from sglang_pdd.transfer.lanes import MAIN_PATH
 
@@ -30,11 +31,16 @@ def around_batch_transfer_sync(original, engine, session_id, buffers, peer_addre
     return ret
 
 
-def around_send_kvcache(original, manager, *a, **kw):
+def around_send_kvcache(original, manager, session_id, prefill_pages, dst_ptrs, dst_pages, *a, **kw):
+    """One chunk's KV to one decode: packed into MD's landing region when it offered one (see
+    hooks/packed_wan.py), else page by page as sglang does."""
     if _KNOBS_SET and LEDGER.current_path() == MAIN_PATH:
         time.sleep(config.read_test_knobs().main_write_delay)
     with LEDGER.kind("kv"):
-        return original(manager, *a, **kw)
+        ret = packed_wan.send_kvcache(manager, session_id, prefill_pages, dst_pages, **kw)
+        if ret is not None:
+            return ret
+        return original(manager, session_id, prefill_pages, dst_ptrs, dst_pages, *a, **kw)
 
 
 def around_send_aux(original, manager, *a, **kw):
