@@ -77,18 +77,20 @@ class PDDServers:
 
 
 def start_pdd(server_group, model: str, *, base_port: int, bootstrap_port: int, token_port: int,
-              handoff_timeout: float, main_env: dict | None = None) -> PDDServers:
+              handoff_timeout: float, main_env: dict | None = None, page_size: int = 1,
+              prefill_extra: tuple = (), main_extra: tuple = (), prefill_env: dict | None = None) -> PDDServers:
     """P (--pdd-role prefill), RLD (relay) and MD (main, decode radix cache) in one namespace."""
     timeout = ["--pdd-handoff-timeout", f"{handoff_timeout:g}"]
+    common = dict(model=model, bootstrap_port=bootstrap_port, page_size=page_size)
     p = server_group.start(f"pdd-prefill-{base_port}", ServerConfig(
-        model=model, port=base_port, nccl_port=base_port + 1000, mode="prefill", bootstrap_port=bootstrap_port,
-        extra=["--pdd-role", "prefill"]))
+        port=base_port, nccl_port=base_port + 1000, mode="prefill", **common,
+        extra=["--pdd-role", "prefill", *prefill_extra], env=dict(prefill_env or {})))
     rld = server_group.start(f"pdd-relay-{base_port + 1}", ServerConfig(
-        model=model, port=base_port + 1, nccl_port=base_port + 1001, mode="decode", bootstrap_port=bootstrap_port,
+        port=base_port + 1, nccl_port=base_port + 1001, mode="decode", **common,
         extra=["--pdd-role", "relay", "--pdd-token-port", str(token_port), *timeout]))
     md = server_group.start(f"pdd-main-{base_port + 2}", ServerConfig(
-        model=model, port=base_port + 2, nccl_port=base_port + 1002, mode="decode", bootstrap_port=bootstrap_port,
-        decode_radix_cache=True, extra=["--pdd-role", "main", *timeout], env=dict(main_env or {})))
+        port=base_port + 2, nccl_port=base_port + 1002, mode="decode", decode_radix_cache=True, **common,
+        extra=["--pdd-role", "main", *timeout, *main_extra], env=dict(main_env or {})))
     for s in (p, rld, md):
         s.wait_ready()
     idle = {s.url: wait_for_metric(s.url, "sglang_pdd_req_rows", "free") for s in (rld, md)}
