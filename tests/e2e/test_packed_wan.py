@@ -116,3 +116,48 @@ def test_negative_control_main_without_the_unpack_diverges(packed, reference_ser
 def test_landing_arena_is_empty_when_idle(packed):
     got = landing(packed.main)
     assert got.get("rooms") == 0 and got.get("bytes") == 0 and got.get("quarantined") == 0, got
+
+
+def test_main_aborted_mid_transfer_quarantines_its_region(packed, reference_server, prompts):
+    """Last: P holds the main leg's write back (knob), MD aborts the request meanwhile. Its region is
+    quarantined (P might still write into it), nothing else is held, and MD goes on serving."""
+    import random
+    import threading
+    import time
+
+    from sglang_pdd.testing.client import generate
+    from sglang_pdd.testing.servers import http_json
+
+    set_knobs("prefill", main_write_delay=3.0)
+    ids = prompts.ids(600, seed=706)
+    room, room2 = random.getrandbits(63), random.getrandbits(63)
+    body = {**greedy_body(ids, NEW), "bootstrap_host": packed.bootstrap_host, "bootstrap_port": packed.bootstrap_port}
+    to_p = {**body, "bootstrap_room": room,
+            "sampling_params": {**body["sampling_params"], "custom_params": {"pdd": {"v": 1, "main_room": room2}}}}
+    results: dict = {}
+
+    def call(name, url, b):
+        try:
+            results[name] = generate(url, b)
+        except Exception as e:  # inspected below
+            results[name] = e
+
+    threads = [threading.Thread(target=call, args=a) for a in (
+        ("prefill", packed.prefill, to_p), ("relay", packed.relay, {**body, "bootstrap_room": room}),
+        ("main", packed.main, {**body, "bootstrap_room": room2, "rid": f"packed-abort-{room2}"}))]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 60
+    while landing(packed.main).get("rooms", 0) < 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert landing(packed.main).get("rooms") == 1
+    http_json(packed.main + "/abort_request", {"rid": f"packed-abort-{room2}"})
+    for t in threads:
+        t.join()
+    assert results["relay"]["output_ids"] == greedy_ids(reference_server.url, ids, NEW)
+    got = landing(packed.main)
+    assert got.get("rooms") == 0 and got.get("quarantined") == 1, got
+    set_knobs("prefill")
+    again = prompts.ids(400, seed=707)
+    out = pd_generate(packed.prefill, packed.main, packed.bootstrap_host, packed.bootstrap_port, greedy_body(again, NEW))
+    assert out["output_ids"] == greedy_ids(reference_server.url, again, NEW)
