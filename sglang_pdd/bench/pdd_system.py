@@ -57,6 +57,7 @@ class PddRouted(UpstreamPD):
     # adaptive handoff on RLD: one-shot while MD runs at most this many requests. The default (8)
     # never sees a bigger MD batch at this testbed's concurrency; 2 lets the policy choose.
     adaptive_md_batch: ClassVar[int] = 2
+    packed_wan: ClassVar[str] = "off"  # --pdd-packed-wan of P and MD
 
     def start(self, dep: Deployment) -> None:
         tb = self._tb = dep.testbed
@@ -67,14 +68,15 @@ class PddRouted(UpstreamPD):
         g = self._group = ServerGroup(dep.log_dir)
         p = self._prefill = g.start("prefill", InNamespace(ServerConfig(
             port=PREFILL_PORT, host=a, nccl_port=PREFILL_PORT + 1000, mode="prefill",
-            extra=["--pdd-role", "prefill"], **common), a_ns))
+            extra=["--pdd-role", "prefill", "--pdd-packed-wan", self.packed_wan], **common), a_ns))
         rld = g.start("relay", InNamespace(ServerConfig(
             port=RELAY_PORT, host=a, nccl_port=RELAY_PORT + 1000, mode="decode",
             extra=["--pdd-role", "relay", "--pdd-token-port", str(TOKEN_PORT),
                    "--pdd-adaptive-md-batch", str(self.adaptive_md_batch)], **common), a_ns))
         md = g.start("main", InNamespace(ServerConfig(
             port=DECODE_PORT, host=b, nccl_port=DECODE_PORT + 1000, mode="decode", decode_radix_cache=True,
-            extra=["--pdd-role", "main", "--pdd-handoff-mode", self.handoff_mode, "--kv-events-config",
+            extra=["--pdd-role", "main", "--pdd-handoff-mode", self.handoff_mode,
+                   "--pdd-packed-wan", self.packed_wan, "--kv-events-config",
                    json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{EVENTS_PORT}",
                                "replay_endpoint": f"tcp://*:{REPLAY_PORT}"})], **common), b_ns))
         a_ns.call(p.wait_ready)
@@ -103,6 +105,13 @@ class Pdd(PddRouted):
     sim_name = "pdd-bw"
     description = "PDD: P+RLD in A, MD (radix cache) in B, PDD router (pipeline auto) in A"
     pipeline = "auto"
+
+
+@register("pdd-packed")
+class PddPacked(Pdd):
+    name = "pdd-packed"
+    description = "pdd with the packed WAN path (--pdd-packed-wan plain on P and MD)"
+    packed_wan = "plain"
 
 
 @register("pdd-relay")
