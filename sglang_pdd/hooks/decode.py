@@ -36,6 +36,7 @@ def runtime(scheduler):
             from sglang_pdd.main.runtime import MainRuntime
 
             rt = MainRuntime(scheduler, cfg, secret)
+            ATTENTION.warm_up(scheduler)
     scheduler._pdd_runtime = rt
     return rt
 

@@ -62,6 +62,7 @@ def _record_main(event: str) -> None:
 def after_init_kv_manager(manager, queue, *a, **kw):
     if _sending() or _receiving():
         kv_pool_view.attach(manager, queue.token_to_kv_pool)
+        kv_pool_view.warm_up(manager, fp8=_cfg().packed_wan == "fp8")
     return manager
 
 

@@ -163,6 +163,30 @@ class HandoffAttention:
         else:
             self._record("mixed" if b.kernel_layers else "sglang", b.refusal or (b.reasons[0] if b.reasons else ""))
 
+    def warm_up(self, scheduler: Any) -> None:
+        """At MD's start (CUDA only): compile the kernel's tile variants for this pool's geometry and
+        check them against the reference; a kernel that disagrees stays off ("self-check")."""
+        pool = scheduler.token_to_kv_pool_allocator.get_kvcache()
+        if (config.PddConfig.from_env().handoff_attention == "sglang" or not torch.cuda.is_available()
+                or type(pool).__name__ not in POOL_CLASSES or pool.dtype not in self.policy.dtypes):
+            return
+        from sglang_pdd.kernels.warmup import warm_up_handoff
+
+        try:
+            q_heads = scheduler.model_config.num_attention_heads // max(1, getattr(scheduler, "tp_size", 1))
+            rep = warm_up_handoff(q_heads, pool.head_num, pool.head_dim, pool.v_head_dim, pool.dtype,
+                                  pool.k_buffer[0].device, page_size=pool.page_size)
+        except Exception:
+            logger.exception("handoff attention warm-up failed; using sglang's attention backend")
+            self.disabled = "warm-up error"
+            return
+        if rep.ok:
+            logger.info("handoff attention kernel warmed up: %d variants in %.1fs", len(rep.variants), rep.seconds)
+        else:
+            logger.error("handoff attention kernel disagrees with its reference (%s); using sglang's backend",
+                         "; ".join(rep.mismatches))
+            self.disabled = "self-check"
+
     # -- every attention call while armed --------------------------------------------------------
     def forward(self, original: Callable, backend: Any, q: torch.Tensor, k: Any, v: Any, layer: Any, fb: Any,
                 save_kv_cache: bool = True, **kwargs: Any) -> Any:

@@ -8,6 +8,7 @@ Each prefill and decode KV manager gets its view when sglang builds it (`attach`
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,8 @@ import numpy as np
 import torch
 
 from sglang_pdd.kernels.kv_pack_layout import PACKABLE_DTYPES, PackLayout
+
+logger = logging.getLogger(__name__)
 
 POOL_CLASSES = ("MHATokenToKVPool",)
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
@@ -74,6 +77,28 @@ def attach(manager: Any, pool: Any) -> None:
     """Give a KV manager its pool view (or the reason it has none); called after sglang built it."""
     page_size = getattr(pool, "page_size", None) or 1
     setattr(manager, ATTR, KVPoolView.of(pool, page_size, manager))
+
+
+def warm_up(manager: Any, fp8: bool) -> None:
+    """On CUDA: compile the pack/unpack kernels for this geometry at start-up and check a round trip;
+    a kernel that fails it leaves the manager without a view (page by page)."""
+    view = view_of(manager)
+    if not isinstance(view, KVPoolView) or view.device.type != "cuda":
+        return
+    from sglang_pdd.kernels.warmup import warm_up_pack
+
+    geo = view.geometry()
+    try:
+        rep = warm_up_pack(geo[1], geo[2], geo[3], geo[4], geo[5], view.k[0].dtype, view.device, fp8=fp8)
+    except Exception as e:  # never the server: the packed path stays off
+        rep = None
+        logger.exception("packed WAN kernels: warm-up failed")
+        setattr(manager, ATTR, f"warm-up error: {e}")
+    if rep is not None and not rep.ok:
+        logger.error("packed WAN kernels disagree with their reference (%s): page by page", "; ".join(rep.mismatches))
+        setattr(manager, ATTR, "self-check failed")
+    elif rep is not None:
+        logger.info("packed WAN kernels warmed up in %.1fs", rep.seconds)
 
 
 def view_of(manager: Any) -> "KVPoolView | str":
