@@ -1,4 +1,6 @@
 import argparse
+import json
+from dataclasses import fields
 
 import pytest
 
@@ -75,3 +77,100 @@ def test_config_round_trips_through_the_environment():
 def test_malformed_exported_config_is_a_clear_error(text, match):
     with pytest.raises(PddConfigError, match=match):
         PddConfig.from_env({config.ENV_CONFIG: text})
+
+
+# A non-default, valid value of every flag (a new flag needs one here: the test below checks they match).
+NON_DEFAULT = {
+    "role": "prefill",
+    "token_port": 18500,
+    "main_bootstrap_timeout": 12.5,
+    "relay_finished_kv": "abort",
+    "handoff_mode": "catch-up",
+    "catchup_chunk": 16,
+    "catchup_gap": 3,
+    "handoff_attention": "sglang",
+    "packed_wan": "fp8",
+    "packed_wan_mb": 64,
+    "adaptive_md_batch": 0,
+    "adaptive_rld_running": 5,
+    "adaptive_rld_kv": 0.25,
+    "handoff_timeout": 7.5,
+}
+
+
+def _value(cfg, name):
+    value = getattr(cfg, name)
+    return value.value if isinstance(value, Role) else value
+
+
+def test_every_flag_is_a_config_field_with_the_same_default():
+    assert {s.name for s in config.FLAGS} == {f.name for f in fields(PddConfig)} == set(NON_DEFAULT)
+    for spec in config.FLAGS:
+        assert getattr(PddConfig(), spec.name) == spec.default, spec.name
+        assert NON_DEFAULT[spec.name] != spec.default, spec.name
+
+
+def test_every_flag_survives_the_cli_and_the_json_round_trip_together():
+    argv = [a for s in config.FLAGS for a in (s.flag, str(NON_DEFAULT[s.name]))]
+    cfg = config.from_cli_args(parse(*argv), disaggregation_mode="prefill")
+    for spec in config.FLAGS:
+        assert _value(cfg, spec.name) == NON_DEFAULT[spec.name], spec.flag
+    assert PddConfig.from_json(cfg.to_json()) == cfg
+    env = {}
+    cfg.export_env(env)
+    assert PddConfig.from_env(env) == cfg
+
+
+@pytest.mark.parametrize("spec", config.FLAGS, ids=lambda s: s.name)
+def test_each_flag_alone_survives_the_cli_and_the_json_round_trip(spec):
+    mode = "prefill" if spec.name == "role" else "null"
+    cfg = config.from_cli_args(parse(spec.flag, str(NON_DEFAULT[spec.name])), disaggregation_mode=mode)
+    assert _value(cfg, spec.name) == NON_DEFAULT[spec.name]
+    assert cfg == PddConfig(**{spec.name: getattr(cfg, spec.name)})  # nothing else changed
+    back = PddConfig.from_json(cfg.to_json())
+    assert back == cfg and _value(back, spec.name) == NON_DEFAULT[spec.name]
+
+
+def test_packed_wan_defaults_off_and_parses_its_modes():
+    assert PddConfig().packed_wan == "off" and PddConfig().packed_wan_mb == 512
+    for mode in ("off", "plain", "fp8"):
+        assert config.from_cli_args(parse("--pdd-packed-wan", mode)).packed_wan == mode
+
+
+def test_a_packed_wan_typo_is_rejected_by_the_parser(capsys):
+    with pytest.raises(SystemExit):
+        parse("--pdd-packed-wan", "fp16")
+    assert "--pdd-packed-wan" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--pdd-packed-wan-mb", "0"], "--pdd-packed-wan-mb"),
+    (["--pdd-packed-wan-mb", "-512"], "--pdd-packed-wan-mb"),
+    (["--pdd-packed-wan-mb", str((1 << 20) + 1)], "--pdd-packed-wan-mb"),
+    (["--pdd-adaptive-md-batch", "-1"], "--pdd-adaptive-md-batch"),
+    (["--pdd-adaptive-rld-running", "-1"], "--pdd-adaptive-rld-running"),
+    (["--pdd-adaptive-rld-kv", "1.5"], "--pdd-adaptive-rld-kv"),
+    (["--pdd-adaptive-rld-kv", "-0.1"], "--pdd-adaptive-rld-kv"),
+])
+def test_bad_packed_and_adaptive_flags_name_themselves(argv, match):
+    with pytest.raises(PddConfigError, match=match):
+        config.from_cli_args(parse(*argv))
+
+
+@pytest.mark.parametrize("d, match", [
+    ({"packed_wan": "fp16"}, "--pdd-packed-wan: invalid choice"),
+    ({"packed_wan_mb": 0}, "--pdd-packed-wan-mb"),
+    ({"adaptive_md_batch": -3}, "--pdd-adaptive-md-batch"),
+    ({"adaptive_rld_running": -1}, "--pdd-adaptive-rld-running"),
+    ({"adaptive_rld_kv": 2.0}, "--pdd-adaptive-rld-kv"),
+])
+def test_bad_packed_and_adaptive_values_in_the_exported_config_are_rejected(d, match):
+    with pytest.raises(PddConfigError, match=match):
+        PddConfig.from_json(json.dumps({"role": "main", **d}))
+
+
+def test_packed_wan_limits_are_inclusive():
+    assert config.from_cli_args(parse("--pdd-packed-wan-mb", "1")).packed_wan_mb == 1
+    assert config.from_cli_args(parse("--pdd-packed-wan-mb", str(1 << 20))).packed_wan_mb == 1 << 20
+    cfg = config.from_cli_args(parse("--pdd-adaptive-rld-kv", "1.0", "--pdd-adaptive-md-batch", "0"))
+    assert (cfg.adaptive_rld_kv, cfg.adaptive_md_batch) == (1.0, 0)
