@@ -160,7 +160,9 @@ class PddConfig:
                 raise PddConfigError(f"--pdd-{name.replace('_', '-')}: must be >= 0, got {d[name]}")
         if "adaptive_rld_kv" in d and not 0.0 <= float(d["adaptive_rld_kv"]) <= 1.0:
             raise PddConfigError(f"--pdd-adaptive-rld-kv: must be 0..1, got {d['adaptive_rld_kv']}")
-        rest = {f.name: d[f.name] for f in fields(cls) if f.name != "role" and f.name in d}
+        types = {spec.name: spec.type for spec in FLAGS}
+        rest = {f.name: (d[f.name] if d[f.name] is None else types.get(f.name, lambda x: x)(d[f.name]))
+                for f in fields(cls) if f.name != "role" and f.name in d}
         return cls(role=Role(role) if role else None, **rest)
 
     @classmethod

@@ -40,7 +40,9 @@ class KVPoolView:
         k, v = getattr(pool, "k_buffer", None), getattr(pool, "v_buffer", None)
         if not isinstance(k, list) or not isinstance(v, list) or not k or len(k) != len(v):
             return "pool buffers"
-        if k[0].dtype not in PACKABLE_DTYPES or k[0].dim() != 3:
+        if k[0].dim() != 3:
+            return f"pool buffers of {k[0].dim()} dims"
+        if k[0].dtype not in PACKABLE_DTYPES:
             return f"pool dtype {k[0].dtype}"
         if manager is not None:
             if getattr(manager, "attn_tp_size", 1) != 1 or getattr(manager, "pp_size", 1) != 1:
