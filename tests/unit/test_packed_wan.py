@@ -67,7 +67,7 @@ def _pool(**attrs):
     (_pool(k_buffer=[], v_buffer=[]), "pool buffers"),
     (_pool(v_buffer=[torch.zeros(64, 2, 4)]), "pool buffers"),
     (_pool(k_buffer=[torch.zeros(64, 2, 8, dtype=torch.int8)] * 2), "pool dtype torch.int8"),
-    (_pool(k_buffer=[torch.zeros(64, 16)] * 2), "pool dtype"),
+    (_pool(k_buffer=[torch.zeros(64, 16)] * 2), "pool buffers of 2 dims"),
 ], ids=["subclass", "other-class", "hnd", "store-dtype", "tensor", "empty", "layers", "int8", "2d"])
 def test_pool_view_refuses_pools_it_cannot_pack(pool, reason):
     assert KVPoolView.of(pool, 4).startswith(reason)
