@@ -114,6 +114,15 @@ class PddPacked(Pdd):
     packed_wan = "plain"
 
 
+@register("pdd-direct-packed")
+class PddDirectPacked(PddRouted):
+    name = "pdd-direct-packed"
+    sim_name = "xdc-pd-drc"
+    description = "every request P->MD through the PDD router, packed WAN path (isolates packing from relaying)"
+    pipeline = "direct"
+    packed_wan = "plain"
+
+
 @register("pdd-relay")
 class PddRelay(PddRouted):
     name = "pdd-relay"
