@@ -1,6 +1,6 @@
 """The demo: two datacenters on one box, an emulated WAN between them, PDD against the PD baselines.
 
-    python -m sglang_pdd.demo [--systems same-dc,cross-dc-drc,pdd] [--preset smoke]
+    python -m sglang_pdd.demo [--systems same-dc,cross-dc-drc,pdd,pdd-packed] [--preset smoke]
 
 Cluster A and cluster B are network namespaces joined by a 100 Mbit/s, 20 ms link
 (`sglang_pdd.testbed`). Each system runs real sglang servers on the tiny model and serves the same
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sys
 
-DEFAULT_SYSTEMS = "same-dc,cross-dc-drc,pdd"
+DEFAULT_SYSTEMS = "same-dc,cross-dc-drc,pdd,pdd-packed"
 
 
 def main(argv: list[str] | None = None) -> int:
