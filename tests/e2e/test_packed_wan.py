@@ -4,6 +4,7 @@ MD's counters show the packed path was taken; MD skipping the unpack is the nega
 
 import json
 import os
+import time
 
 import pytest
 
@@ -80,6 +81,10 @@ def test_fanout_main_leg_goes_packed_across_a_conversation(packed, reference_ser
     m0 = events(packed.main, "main")
     r2 = relayed_generate(packed, greedy_body(turn2, NEW), fanout=True, main_delay_s=0.3)
     assert r2.tokens == greedy_ids(reference_server.url, turn2, NEW)
+    # RLD may have finished turn 2 itself: MD then keeps landing its KV after its reply (--pdd-relay-finished-kv keep)
+    deadline = time.monotonic() + 30
+    while delta(events(packed.main, "main"), m0, "unpacked") < 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
     m1 = events(packed.main, "main")
     assert delta(m1, m0, "unpacked") == 1, m1
 
@@ -123,7 +128,6 @@ def test_main_aborted_mid_transfer_quarantines_its_region(packed, reference_serv
     quarantined (P might still write into it), nothing else is held, and MD goes on serving."""
     import random
     import threading
-    import time
 
     from sglang_pdd.testing.client import generate
     from sglang_pdd.testing.servers import http_json
