@@ -114,6 +114,14 @@ class PddPacked(Pdd):
     packed_wan = "plain"
 
 
+@register("pdd-direct")
+class PddDirect(PddRouted):
+    name = "pdd-direct"
+    sim_name = "xdc-pd-drc"
+    description = "every request P->MD through the PDD router, page-by-page WAN writes (pdd-direct-packed's baseline)"
+    pipeline = "direct"
+
+
 @register("pdd-direct-packed")
 class PddDirectPacked(PddRouted):
     name = "pdd-direct-packed"

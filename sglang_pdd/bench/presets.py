@@ -12,6 +12,8 @@ wire: a full transfer takes seconds, as in the paper, while a 90 %-hit turn move
   turns under 50 % hit: what the odd-traffic filter is for.
 * `paper`: 8 sessions x up to 6 turns, 64 output tokens, the default hit histogram with its
   odd-traffic share; ~3x longer.
+* `cold`: 4 sessions x 2 turns, 16 output tokens, every turn under 5 % hit: nearly the whole KV
+  crosses the WAN each time (what the packed WAN path is for; TTFT is then mostly the transfer).
 """
 
 from __future__ import annotations
@@ -94,6 +96,9 @@ PRESETS: dict[str, Preset] = {
                                            HitBucket(0.90, 0.95, 0.15), HitBucket(0.95, 0.99, 0.25),
                                            HitBucket(0.99, 1.00, 0.20)))),
                   max_sessions=6, max_turns=4),
+    "cold": Preset("cold", _cpu_workload(output_len=LengthRange(16, 16), request_rate=0.3,
+                                         hit_histogram=HitHistogram((HitBucket(0.0, 0.05, 1.0),))),
+                   max_sessions=4, max_turns=2),
     "paper": Preset("paper", _cpu_workload(request_rate=1.0, duration_s=120.0, output_len=LengthRange(64, 64),
                                            odd_fraction=0.035, odd_output_len=LengthRange(8, 32),
                                            mean_turns=8.0),
