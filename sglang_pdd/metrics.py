@@ -38,10 +38,16 @@ def record_transfer(kind: str, peer: str, nbytes: int, ok: bool, path: str = "di
             path, kind, peer).inc()
 
 
-def record_transfer_seconds(kind: str, path: str, seconds: float) -> None:
-    """Wall time of one completed transfer-engine batch (bytes in `transfer_bytes`)."""
+def record_transfer_seconds(kind: str, path: str, seconds: float, slices: int = 0) -> None:
+    """Wall time and slices of one completed transfer-engine batch (bytes in `transfer_bytes`).
+
+    Slices per batch are what makes a high-RTT link round-trip bound: page by page a chunk is one
+    slice per contiguous page run, layer and K/V; packed, one per block plus its table entry."""
     _counter("transfer_seconds", "Seconds spent in completed transfer-engine batches",
              ("path", "kind")).labels(path, kind).inc(seconds)
+    if slices:
+        _counter("transfer_slices", "Slices (one source/destination range each) of completed "
+                 "transfer-engine batches", ("path", "kind")).labels(path, kind).inc(slices)
 
 
 def parse_exposition(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:

@@ -70,6 +70,7 @@ class WanBytes:
     a_to_b: int = 0
     b_to_a: int = 0
     kv_sent: int | None = None  # P's sglang_pdd_transfer_bytes_total{kind="kv"}, None if unreadable
+    kv_slices: int | None = None  # P's sglang_pdd_transfer_slices_total{kind="kv"}, None if unreadable
 
     @property
     def total(self) -> int:
@@ -95,6 +96,7 @@ class Summary:
     wan_bytes_per_request: float
     kv_bytes_per_request: float | None
     output_tokens: int
+    kv_slices_per_request: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -116,4 +118,5 @@ def summarize(system: str, records: Sequence[RequestRecord], sla: Sla, wan: WanB
         goodput_rps=good / window if window > 0 else 0.0,
         wan_bytes_per_request=wan.total / n if n else 0.0,
         kv_bytes_per_request=(wan.kv_sent / n if n else 0.0) if wan.kv_sent is not None else None,
-        output_tokens=sum(r.output_tokens for r in ok))
+        output_tokens=sum(r.output_tokens for r in ok),
+        kv_slices_per_request=(wan.kv_slices / n if n else 0.0) if wan.kv_slices is not None else None)

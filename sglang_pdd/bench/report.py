@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 MIB = 1024 * 1024
 
 COLUMNS = ("system", "TTFT P50 (s)", "TTFT P90 (s)", "TTFT P99 (s)", "TPOT P50 (ms)", "TPOT P99 (ms)", "goodput",
-           "goodput (req/s)", "WAN MiB/req", "KV MiB/req", "failed")
+           "goodput (req/s)", "WAN MiB/req", "KV MiB/req", "KV slices/req", "failed")
 
 
 def _f(x: float | None, fmt: str) -> str:
@@ -37,7 +37,7 @@ def table_rows(summaries: Sequence[Summary]) -> list[list[str]]:
             f"{s.goodput_requests}/{s.requests} ({s.goodput_share:.0%})", _f(s.goodput_rps, ".3f"),
             _f(s.wan_bytes_per_request / MIB, ".2f"),
             _f(s.kv_bytes_per_request / MIB if s.kv_bytes_per_request is not None else None, ".2f"),
-            str(s.failed)])
+            _f(s.kv_slices_per_request, ".0f"), str(s.failed)])
     return rows
 
 

@@ -73,16 +73,17 @@ def run_system(name: str, tb, model_dir: str, reqs: list[WorkloadRequest], prese
         logger.info("%s: servers up in %.1f s; %d warm-ups", name, run.startup_s,
                     sum(r.warmup for r in reqs))
         run.warmup_failed = client_ns.call(warm_up, system.send_warmup, reqs, vocab_size, preset.request_timeout_s)
-        kv0 = client_ns.call(system.kv_bytes_sent)
+        kv0, sl0 = client_ns.call(system.kv_bytes_sent), client_ns.call(system.kv_slices_sent)
         cpu0 = cpu.snapshot(system.servers())
         link0 = tb.link_bytes()
         bar = progress_bar(len(measured(reqs)), name, show_progress)
         run.records = client_ns.call(replay, system.send, reqs, vocab_size, preset.request_timeout_s, bar)
         link1 = tb.link_bytes()
         run.cpu_s = cpu.delta(cpu.snapshot(system.servers()), cpu0)
-        kv1 = client_ns.call(system.kv_bytes_sent)
+        kv1, sl1 = client_ns.call(system.kv_bytes_sent), client_ns.call(system.kv_slices_sent)
         a2b, b2a = _delta(link1, link0)
-        run.wan = WanBytes(a2b, b2a, kv1 - kv0 if kv0 is not None and kv1 is not None else None)
+        run.wan = WanBytes(a2b, b2a, kv1 - kv0 if kv0 is not None and kv1 is not None else None,
+                           sl1 - sl0 if sl0 is not None and sl1 is not None else None)
         run.summary = summarize(name, run.records, preset.sla, run.wan)
     except Exception as e:  # one system failing must not lose the others' results
         logger.exception("%s failed", name)

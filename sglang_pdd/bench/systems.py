@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 
 PREFILL_PORT, DECODE_PORT, ROUTER_PORT, BOOTSTRAP_PORT = 30100, 30200, 30300, 8998
 KV_METRIC = "sglang_pdd_transfer_bytes_total"
+SLICES_METRIC = "sglang_pdd_transfer_slices_total"
 
 
 @dataclass
@@ -67,6 +68,13 @@ def kv_bytes_sent(metrics_text: str) -> int:
     return int(sum(v for labels, v in samples.items() if dict(labels).get("kind") == "kv"))
 
 
+def kv_slices_sent(metrics_text: str) -> int:
+    """Slices of P's completed KV writes (one source/destination range each): page by page one per
+    contiguous page run, layer and K/V; packed one per block plus its table entry."""
+    samples = parse_exposition(metrics_text, SLICES_METRIC)
+    return int(sum(v for labels, v in samples.items() if dict(labels).get("kind") == "kv"))
+
+
 class System(ABC):
     """One deployment under test. `client_side` is the cluster the client runs in."""
 
@@ -96,6 +104,10 @@ class System(ABC):
 
     def kv_bytes_sent(self) -> int | None:
         """Cumulative KV bytes the prefill side moved (called inside `client_side`); None if unknown."""
+        return None
+
+    def kv_slices_sent(self) -> int | None:
+        """Cumulative slices of those KV writes (called inside `client_side`); None if unknown."""
         return None
 
     def servers(self) -> list[ServerProcess]:
@@ -195,6 +207,14 @@ class UpstreamPD(System):
         return self._router.url
 
     def kv_bytes_sent(self) -> int | None:
+        text = self._prefill_metrics()
+        return kv_bytes_sent(text) if text is not None else None
+
+    def kv_slices_sent(self) -> int | None:
+        text = self._prefill_metrics()
+        return kv_slices_sent(text) if text is not None else None
+
+    def _prefill_metrics(self) -> str | None:
         if self._prefill is None:
             return None
         try:
@@ -202,7 +222,7 @@ class UpstreamPD(System):
         except OSError as e:
             logger.warning("%s: /metrics unreadable: %s", self.name, e)
             return None
-        return kv_bytes_sent(text) if status == 200 and isinstance(text, str) else None
+        return text if status == 200 and isinstance(text, str) else None
 
     def servers(self) -> list[ServerProcess]:
         return list(self._group.servers) if self._group else []

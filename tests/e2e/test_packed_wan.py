@@ -57,17 +57,23 @@ def landing(url: str) -> dict[str, float]:
     return {dict(k)["what"]: v for k, v in metric(url, "sglang_pdd_packed_wan_landing").items()}
 
 
+def kv_slices(url: str) -> float:
+    return sum(v for k, v in metric(url, "sglang_pdd_transfer_slices_total").items() if dict(k).get("kind") == "kv")
+
+
 def delta(after: dict, before: dict, key: str) -> float:
     return after.get(key, 0.0) - before.get(key, 0.0)
 
 
 def test_plain_pd_to_main_goes_packed_and_is_token_identical(packed, reference_server, prompts):
     ids = prompts.ids(900, seed=701)
-    p0, m0 = events(packed.prefill, "prefill"), events(packed.main, "main")
+    p0, m0, s0 = events(packed.prefill, "prefill"), events(packed.main, "main"), kv_slices(packed.prefill)
     out = pd_generate(packed.prefill, packed.main, packed.bootstrap_host, packed.bootstrap_port, greedy_body(ids, NEW))
     assert out["output_ids"] == greedy_ids(reference_server.url, ids, NEW)
     p1, m1 = events(packed.prefill, "prefill"), events(packed.main, "main")
     assert delta(p1, p0, "packed") >= 1, p1
+    # one block per chunk here, written as two slices (the block and its table entry), all layers at once
+    assert kv_slices(packed.prefill) - s0 == 2 * delta(p1, p0, "packed")
     assert delta(m1, m0, "offered") == 1 and delta(m1, m0, "unpacked") == 1, m1
     assert not [e for e in p1 if e.startswith("page by page") and delta(p1, p0, e)], p1
 

@@ -80,6 +80,23 @@ def test_kv_bytes_are_summed_over_peers_and_exclude_aux():
     assert S.kv_bytes_sent("") == 0
 
 
+def test_kv_slices_are_read_from_the_prefill_metrics():
+    text = "\n".join([
+        'sglang_pdd_transfer_slices_total{kind="kv",path="main"} 16.0',
+        'sglang_pdd_transfer_slices_total{kind="kv",path="relay"} 8.0',
+        'sglang_pdd_transfer_slices_total{kind="aux",path="main"} 3.0',
+    ])
+    assert S.kv_slices_sent(text) == 24
+    assert S.kv_slices_sent("") == 0
+
+
+def test_packed_systems_run_p_and_md_with_the_packed_wan_path():
+    assert S.make_system("pdd-packed").packed_wan == "plain" and S.make_system("pdd").packed_wan == "off"
+    direct = S.make_system("pdd-direct-packed")
+    assert direct.pipeline == "direct" and direct.packed_wan == "plain"
+    assert S.make_system("pdd-direct").packed_wan == "off"
+
+
 def test_pdd_systems_join_the_registry():
     for name, pipeline in (("pdd", "auto"), ("pdd-relay", "relay")):
         sys_ = S.make_system(name)
