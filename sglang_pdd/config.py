@@ -72,7 +72,7 @@ FLAGS: tuple[FlagSpec, ...] = (
              "elsewhere; 'sglang' always uses sglang's backend.", choices=("auto", "sglang")),
     FlagSpec("packed_wan", str, "off", "prefill and main: the packed WAN path. On main, 'plain' or 'fp8' "
              "offers P a landing region per request, so P packs the request's missed KV (all layers, K and V) "
-             "into a few large writes instead of one per page and layer (fp8: e4m3 with per-block scales, "
+             "into a few large writes instead of one per page run, layer and K/V (fp8: e4m3 with per-block scales, "
              "lossy, see docs/kernels.md); on prefill, anything but 'off' honours those offers. A request "
              "without an offer, or that does not fit, goes page by page.", choices=("off", "plain", "fp8")),
     FlagSpec("packed_wan_mb", int, 512, "main: MiB of host memory for packed-WAN landing regions (a request "
