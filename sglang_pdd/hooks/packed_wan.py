@@ -14,6 +14,7 @@ sglang_pdd.transfer.packed_sender / packed_receiver.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 
 from sglang_pdd import config, metrics
@@ -23,6 +24,7 @@ from sglang_pdd.transfer import kv_pool_view
 from sglang_pdd.transfer.packed_receiver import FAILED, SUCCESS, PackedReceiver
 from sglang_pdd.transfer.packed_sender import METADATA_FRAMES, PackedSender, read_offer
 
+logger = logging.getLogger(__name__)
 _KNOBS_SET = bool(os.environ.get(config.ENV_TEST_KNOBS))
 
 
@@ -70,7 +72,11 @@ def around_build_receiver_metadata_message(original, manager, *a, **kw):
     msg = original(manager, *a, **kw)
     if not _receiving() or kw.get("is_dummy") or len(msg) != METADATA_FRAMES:
         return msg
-    frame = receiver().offer(manager, kw["bootstrap_room"], kw["kv_indices"])
+    try:
+        frame = receiver().offer(manager, kw["bootstrap_room"], kw["kv_indices"])
+    except Exception:  # the room goes page by page; sglang's message is sent as it was
+        logger.exception("room %s: no landing offer", kw.get("bootstrap_room"))
+        return msg
     return msg if frame is None else [*msg, frame]
 
 

@@ -78,8 +78,12 @@ class PackedReceiver:
             if off is None:
                 self._refuse("arena full")
                 return None
-            buf = self._buffer()
-            self._register(manager, buf)
+            try:
+                buf = self._buffer()
+                self._register(manager, buf)
+            except Exception:
+                self.arena.free(off, size)
+                raise
             buf[off: off + data_off].zero_()  # an empty block table
             geo = view.geometry()
             offer = LandingOffer(ptr=buf.data_ptr() + off, size=size, table_entries=entries, data_off=data_off,
@@ -104,7 +108,7 @@ class PackedReceiver:
             return status, None
         try:
             blocks = self._unpack(manager, region)
-        except (LandingError, ValueError, RuntimeError) as e:
+        except Exception as e:  # a bad table or a kernel error ends this request, never the scheduler
             self.arena.quarantine(region.off, region.size)
             self._record("corrupt")
             logger.error("room %s: packed KV could not be unpacked: %s", room, e)

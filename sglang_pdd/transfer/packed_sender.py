@@ -81,7 +81,12 @@ class PackedSender:
             return self._fallback("region full")
         pages = np.asarray(prefill_pages)
         for slot, entry, index, nbytes in plan:
-            ret = self._write(manager, session_id, view, offer, pages[index], slot, entry, nbytes)
+            try:
+                staging = self._pack(manager, view, offer, pages[index], entry, nbytes)
+            except Exception:  # never sglang's transfer worker (it would take the prefill down)
+                logger.exception("packing a chunk failed; this chunk goes page by page")
+                return self._fallback("pack error")  # blocks already written hold the same bytes
+            ret = self._write(manager, session_id, offer, staging, slot, entry, nbytes)
             if ret != 0:
                 return ret
             setattr(info, _CURSOR_ATTR, (slot + 1, entry.byte_off + nbytes))
@@ -136,8 +141,9 @@ class PackedSender:
             entries, used = entries + 1, off + nbytes
         return plan
 
-    def _write(self, manager: Any, session_id: str, view: KVPoolView, offer: LandingOffer, pages: np.ndarray,
-               slot: int, entry: BlockEntry, nbytes: int) -> int:
+    def _pack(self, manager: Any, view: KVPoolView, offer: LandingOffer, pages: np.ndarray, entry: BlockEntry,
+              nbytes: int) -> torch.Tensor:
+        """The registered staging buffer holding the block's table entry, then the block."""
         staging = self._staging(manager, HEADER + nbytes)
         staging[:ENTRY.size] = torch.frombuffer(bytearray(entry.encode()), dtype=torch.uint8)
         slots = view.slots(pages)
@@ -146,6 +152,12 @@ class PackedSender:
         else:
             packed, _ = pack_kv(view.k, view.v, slots, fp8=offer.fp8)
             staging[HEADER: HEADER + nbytes].copy_(packed)
+        return staging
+
+    @staticmethod
+    def _write(manager: Any, session_id: str, offer: LandingOffer, staging: torch.Tensor, slot: int,
+               entry: BlockEntry, nbytes: int) -> int:
+        """One batch write of two slices: the block into the data area, its entry into the table."""
         base = staging.data_ptr()
         return manager._transfer_data(session_id, [
             (base + HEADER, offer.ptr + offer.data_off + entry.byte_off, nbytes),

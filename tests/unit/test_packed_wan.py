@@ -337,3 +337,17 @@ def test_the_staging_buffer_is_registered_once_per_manager():
         assert send(link, c) == 0
     assert [c[0] for c in link.p.engine.calls] == ["register"]
     assert link.md.engine.calls[0][0] == "register" and len(link.md.engine.calls) == 1
+
+
+def test_a_pack_error_sends_the_chunk_page_by_page_and_never_raises(monkeypatch):
+    from sglang_pdd.transfer import packed_sender
+
+    def broken(*a, **kw):
+        raise RuntimeError("kernel exploded")
+
+    monkeypatch.setattr(packed_sender, "pack_kv", broken)
+    link = make_link("plain")
+    info = link.open_room(1, DST)
+    assert send(link, CHUNKS[0]) is None  # the caller writes it page by page
+    assert "page by page: pack error" in link.tx_events and not hasattr(info, _CURSOR_ATTR)
+    assert link.p.batches == []
