@@ -12,11 +12,14 @@ with the transfer engine once).
 from __future__ import annotations
 
 import bisect
+import logging
 import threading
 import time
 from typing import Callable
 
 from sglang_pdd.protocol.landing import align_up
+
+logger = logging.getLogger(__name__)
 
 
 class LandingArena:
@@ -66,14 +69,19 @@ class LandingArena:
             return len(self._quarantine)
 
     def _expire(self) -> None:
+        """Release every quarantined region whose grace is over. An entry that cannot be released
+        (its range is already free: a double free elsewhere) is dropped and logged, so the others are
+        still processed and none is released twice."""
         now = self._clock()
-        keep = []
-        for item in self._quarantine:
-            if item[0] <= now:
-                self._release(item[1], item[2])
-            else:
-                keep.append(item)
-        self._quarantine = keep
+        due = [item for item in self._quarantine if item[0] <= now]
+        if not due:
+            return
+        self._quarantine = [item for item in self._quarantine if item[0] > now]
+        for _, off, size in due:
+            try:
+                self._release(off, size)
+            except ValueError as e:
+                logger.error("sglang-pdd: landing arena: dropping a quarantined region: %s", e)
 
     def _release(self, off: int, size: int) -> None:
         i = bisect.bisect_left(self._free, (off, 0))
