@@ -81,7 +81,7 @@ class LandingArena:
             try:
                 self._release(off, size)
             except ValueError as e:
-                logger.error("sglang-pdd: landing arena: dropping a quarantined region: %s", e)
+                logger.error("landing arena: dropping a quarantined region: %s", e)
 
     def _release(self, off: int, size: int) -> None:
         i = bisect.bisect_left(self._free, (off, 0))
