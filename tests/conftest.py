@@ -4,6 +4,10 @@ Server tests (marked `e2e`) run every server inside one private network namespac
 process itself enters at the start of the session (sglang's `--nccl-port` store and Mooncake listen
 on all interfaces). Artifacts (model cache, server logs) go under `.artifacts/` in the repo, or
 `$SGLANG_PDD_ARTIFACTS`.
+
+Under `CI=true` nothing is skipped: a test that would skip (no sglang, no root for namespaces, no
+triton) fails with the reason. The session ends with the figures tests reported (`figures` fixture)
+and the number of e2e tests that ran.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import time
 
 import pytest
 
+CI = os.environ.get("CI", "").lower() == "true"
+FIGURES: list[str] = []  # lines tests report, printed at the end of the session
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARTIFACTS = os.environ.get("SGLANG_PDD_ARTIFACTS", os.path.join(REPO, ".artifacts"))
 # The token channel's shared secret for every relay/main server the tests start.
@@ -28,6 +34,32 @@ def _sglang_importable() -> tuple[bool, str]:
     except Exception as e:  # pragma: no cover - depends on the environment
         return False, f"sglang environment not installed ({e}); run scripts/install-cpu.sh"
     return True, ""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if CI and rep.skipped and not hasattr(rep, "wasxfail"):
+        reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+        rep.outcome, rep.longrepr = "failed", f"skipped under CI=true, which must run everything: {reason}"
+
+
+def pytest_terminal_summary(terminalreporter):
+    tr = terminalreporter
+    if FIGURES:
+        tr.section("sglang-pdd figures")
+        for line in FIGURES:
+            tr.write_line(line)
+    ran = [r for key in ("passed", "failed") for r in tr.stats.get(key, [])
+           if r.when == "call" and r.nodeid.startswith("tests/e2e/")]
+    tr.write_line(f"sglang-pdd: {len(ran)} e2e tests ran ({sum(r.passed for r in ran)} passed)")
+
+
+@pytest.fixture(scope="session")
+def figures() -> list[str]:
+    """Append lines (a test's measured figures) to print them at the end of the session."""
+    return FIGURES
 
 
 @pytest.fixture(scope="session")

@@ -1,10 +1,13 @@
-"""A tiny Llama with seeded random weights and a locally trained tokenizer.
+"""A tiny Llama whose greedy output depends on its whole context, and a locally trained tokenizer.
 
     python -m sglang_pdd.testing.tiny_model OUT_DIR [--layers 4 --hidden 512 --heads 8 --kv-heads 8 ...]
 
 Nothing is downloaded: the byte-level BPE tokenizer is trained on a seeded synthetic corpus, the
-weights come from `torch.manual_seed`. The same options always give the same files, so the model is
-rebuilt rather than shipped. sglang and transformers both load the directory.
+weights are constructed from a seed (sglang_pdd.testing.context_model: read heads that each attend to
+exactly one earlier position, random mixing, confident greedy steps). `--weights random` builds the
+earlier random-init model instead, whose outputs are mostly one token repeated (kept only to show what a
+test model that ignores its context cannot prove). The same options always give the same files, so the
+model is rebuilt rather than shipped. sglang and transformers both load the directory.
 
 The default is sized for the CPU testbed: 16 KiB of KV per token (4 layers x 8 KV heads x 64 x K,V x
 fp32, inside the 10-80 KB/token of real models, so a few-thousand-token prompt is tens of MB and a
@@ -15,6 +18,7 @@ WAN transfer takes seconds), while a 2K-token prefill stays around half a second
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import random
@@ -27,6 +31,7 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+WEIGHTS = ("context", "random")
 
 
 @dataclass(frozen=True)
@@ -41,12 +46,15 @@ class TinyModelSpec:
     max_positions: int = 32768
     dtype: str = "float32"
     seed: int = 0
+    weights: str = "context"  # context (sglang_pdd.testing.context_model) | random (torch's init)
 
     def __post_init__(self):
         if self.heads % self.kv_heads:
             raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
         if self.dtype not in _DTYPE_BYTES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPE_BYTES)}, got {self.dtype!r}")
+        if self.weights not in WEIGHTS:
+            raise ValueError(f"weights must be one of {WEIGHTS}, got {self.weights!r}")
         if self.vocab < 256 + len(SPECIAL_TOKENS):
             raise ValueError(f"vocab must be at least {256 + len(SPECIAL_TOKENS)} (byte-level BPE)")
 
@@ -55,7 +63,12 @@ class TinyModelSpec:
         return 2 * self.layers * self.kv_heads * self.head_dim * _DTYPE_BYTES[self.dtype]
 
     def fingerprint(self) -> str:
-        return "-".join(f"{v}" for v in asdict(self).values())
+        parts = [f"{v}" for v in asdict(self).values()]
+        if self.weights == "context":  # the construction's knobs and version are part of the model
+            from sglang_pdd.testing.context_model import ContextWeights
+
+            parts.append(hashlib.sha256(repr(ContextWeights()).encode()).hexdigest()[:8])
+        return "-".join(parts)
 
 
 def _corpus(seed: int, lines: int = 6000) -> list[str]:
@@ -97,9 +110,14 @@ def build_tokenizer(spec: TinyModelSpec):
 
 def build(out_dir: str, spec: TinyModelSpec = TinyModelSpec()) -> dict:
     """Write the model and tokenizer into `out_dir`; return a summary (config + KV bytes/token)."""
+    import time
+
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+    from sglang_pdd.testing.context_model import ContextWeights, construct
+
+    t0 = time.monotonic()
     os.makedirs(out_dir, exist_ok=True)
     tok = build_tokenizer(spec)
     vocab = tok.get_vocab_size()
@@ -124,9 +142,14 @@ def build(out_dir: str, spec: TinyModelSpec = TinyModelSpec()) -> dict:
         bos_token_id=tok.token_to_id("<s>"),
         eos_token_id=tok.token_to_id("</s>"),
         torch_dtype=spec.dtype,
+        rope_parameters={"rope_theta": ContextWeights().rope_theta, "rope_type": "default"},
     )
     torch.manual_seed(spec.seed)
-    model = LlamaForCausalLM(config).to(getattr(torch, spec.dtype)).eval()
+    model = LlamaForCausalLM(config)
+    if spec.weights == "context":
+        state = construct(config, ContextWeights(), spec.seed, special_tokens=len(SPECIAL_TOKENS))
+        model.load_state_dict({k: v.to(torch.float32) for k, v in state.items()})
+    model = model.to(getattr(torch, spec.dtype)).eval()
     model.save_pretrained(out_dir, safe_serialization=True)
     summary = {
         "out_dir": out_dir,
@@ -134,6 +157,7 @@ def build(out_dir: str, spec: TinyModelSpec = TinyModelSpec()) -> dict:
         "vocab_size": vocab,
         "parameters": sum(p.numel() for p in model.parameters()),
         "kv_bytes_per_token": spec.kv_bytes_per_token,
+        "build_s": round(time.monotonic() - t0, 1),
     }
     with open(os.path.join(out_dir, "sglang_pdd_tiny_model.json"), "w") as f:
         json.dump(summary, f, indent=2)
@@ -156,13 +180,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out_dir")
     d = TinyModelSpec()
     for name, default in asdict(d).items():
-        kw = {"choices": sorted(_DTYPE_BYTES)} if name == "dtype" else {}
+        kw = {"choices": sorted(_DTYPE_BYTES)} if name == "dtype" else {"choices": WEIGHTS} if name == "weights" else {}
         p.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default, **kw)
     args = p.parse_args(argv)
     spec = TinyModelSpec(**{k: getattr(args, k) for k in asdict(d)})
     summary = build(args.out_dir, spec)
     print(json.dumps(summary, indent=2))
-    print(f"KV bytes/token: {summary['kv_bytes_per_token']} ({summary['kv_bytes_per_token'] / 1024:.1f} KiB)")
+    print(f"KV bytes/token: {summary['kv_bytes_per_token']} ({summary['kv_bytes_per_token'] / 1024:.1f} KiB); "
+          f"{summary['parameters'] / 1e6:.1f}M parameters; built in {summary['build_s']:.1f}s")
     return 0
 
 
