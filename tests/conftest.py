@@ -46,7 +46,11 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_terminal_summary(terminalreporter):
+    from sglang_pdd.testing import identity
+
     tr = terminalreporter
+    if identity.COMPARED[0]:
+        FIGURES.extend(identity.summary())
     if FIGURES:
         tr.section("sglang-pdd figures")
         for line in FIGURES:
