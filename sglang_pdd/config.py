@@ -83,6 +83,12 @@ FLAGS: tuple[FlagSpec, ...] = (
              "while this relay runs at least this many requests."),
     FlagSpec("adaptive_rld_kv", float, 0.8, "relay: adaptive handoff picks one-shot while this relay's KV pool "
              "usage is at least this fraction."),
+    FlagSpec("seeded_sampling", str, "auto", "any server: honour a request's sampling_seed (OpenAI `seed`) "
+             "with sglang's position-hashed sampler, so a sampled request gives the same tokens whichever "
+             "role samples which token (P the first, RLD the eager ones, MD the rest) and on a single "
+             "server with this flag. sglang itself honours seeds only under --enable-deterministic-inference, "
+             "which needs a CUDA attention backend. 'auto': on for every PDD role, off on plain servers.",
+             choices=("auto", "on", "off")),
     FlagSpec("handoff_timeout", float, 60.0, "main: seconds to wait for RelayDecode's eager tokens after "
              "the KV arrived before the request fails cleanly; relay: seconds a relayed request may wait "
              "for MainDecode after it finished locally."),
@@ -105,10 +111,15 @@ class PddConfig:
     handoff_attention: str = "auto"
     packed_wan: str = "off"
     packed_wan_mb: int = 512
+    seeded_sampling: str = "auto"
 
     @property
     def active(self) -> bool:
         return self.role is not None
+
+    @property
+    def honours_seeds(self) -> bool:
+        return self.seeded_sampling == "on" or (self.seeded_sampling == "auto" and self.active)
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -151,6 +162,8 @@ class PddConfig:
             raise PddConfigError(f"--pdd-catchup-chunk: must be 1..65536 tokens, got {d['catchup_chunk']}")
         if "catchup_gap" in d and not 0 <= int(d["catchup_gap"]) <= int(d.get("catchup_chunk", 32)):
             raise PddConfigError(f"--pdd-catchup-gap: must be 0..--pdd-catchup-chunk, got {d['catchup_gap']}")
+        if d.get("seeded_sampling", "auto") not in ("auto", "on", "off"):
+            raise PddConfigError(f"--pdd-seeded-sampling: invalid choice {d['seeded_sampling']!r} (auto, on, off)")
         if d.get("packed_wan", "off") not in ("off", "plain", "fp8"):
             raise PddConfigError(f"--pdd-packed-wan: invalid choice {d['packed_wan']!r} (off, plain, fp8)")
         if "packed_wan_mb" in d and not 1 <= int(d["packed_wan_mb"]) <= 1 << 20:
@@ -173,7 +186,7 @@ class PddConfig:
 
     def export_env(self, environ: dict | None = None) -> None:
         env = environ if environ is not None else os.environ
-        if self.active:
+        if self.active or self != PddConfig():
             env[ENV_CONFIG] = self.to_json()
         else:
             env.pop(ENV_CONFIG, None)
@@ -188,7 +201,7 @@ class PddConfig:
 
     def describe(self) -> str:
         if not self.active:
-            return "role=none (plain sglang)"
+            return "role=none (plain sglang)" + (", seeded sampling on" if self.honours_seeds else "")
         extra = f", token channel :{self.token_port}" if self.role is Role.RELAY else ""
         if self.role is Role.MAIN:
             extra = (f", handoff {self.handoff_mode} (chunk {self.catchup_chunk}, gap {self.catchup_gap}), "

@@ -82,6 +82,9 @@ HOOKS: tuple[Hook, ...] = (
          "AROUND"),
     Hook(f"{_SRT}.managers.scheduler.Scheduler.is_fully_idle", "decode:after_is_fully_idle", "AFTER"),
     Hook(f"{_SRT}.managers.scheduler.Scheduler.abort_request", "decode:after_abort_request", "AFTER"),
+    # Seeded sampling that does not depend on which role samples (--pdd-seeded-sampling)
+    Hook(f"{_SRT}.sampling.sampling_batch_info.SamplingBatchInfo.from_schedule_batch",
+         "sampling:after_from_schedule_batch", "AFTER"),
     # MainDecode's handoff EXTEND: the handoff attention kernel where it applies (inert unless MD armed it)
     Hook(f"{_SRT}.layers.attention.base_attn_backend.AttentionBackend.forward",
          "attention:around_attention_forward", "AROUND"),

@@ -52,6 +52,58 @@ def copy_all_layer_kv_cache_cpu(
                 ctypes.memmove(base + t * stride, base + s * stride, stride)
 
 
+_M32 = 0xFFFFFFFF
+
+
+def _rotl32(x: torch.Tensor, r: int) -> torch.Tensor:
+    return ((x << r) | (x >> (32 - r))) & _M32
+
+
+def _murmur3_mix(h: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    k = (k * 0xCC9E2D51) & _M32  # int64 products wrap mod 2^64: their low 32 bits are exact
+    k = (_rotl32(k, 15) * 0x1B873593) & _M32
+    h = _rotl32(h ^ k, 13)
+    return (h * 5 + 0xE6546B64) & _M32
+
+
+def murmur_hash32_cpu(seed: torch.Tensor, positions: torch.Tensor, col_indices: torch.Tensor) -> torch.Tensor:
+    """sglang's seeded-sampling hash (sglang/kernels/ops/sampling/murmur_hash.py, the Triton kernel's
+    arithmetic bit for bit): [n] seeds x [n] positions x [m] token ids -> [n, m] uint32."""
+    s = seed.to(torch.int64)
+    h = torch.zeros(s.shape[0], 1, dtype=torch.int64, device=s.device)
+    h = _murmur3_mix(h, (s & _M32)[:, None])
+    h = _murmur3_mix(h, ((s >> 32) & _M32)[:, None])
+    h = _murmur3_mix(h, (positions.to(torch.int64) & _M32)[:, None])
+    h = _murmur3_mix(h, (col_indices.to(torch.int64) & _M32)[None, :])
+    h = h ^ 16
+    h = h ^ (h >> 16)
+    h = (h * 0x85EBCA6B) & _M32
+    h = h ^ (h >> 13)
+    h = (h * 0xC2B2AE35) & _M32
+    h = h ^ (h >> 16)
+    return h.to(torch.uint32)
+
+
+def _register_ops() -> None:
+    """The CPU ops sglang calls through torch.ops.sgl_kernel (the real package registers them in C++)."""
+    try:
+        lib = torch.library.Library("sgl_kernel", "FRAGMENT")
+        lib.define("murmur_hash32_cpu(Tensor seed, Tensor positions, Tensor col_indices) -> Tensor")
+    except RuntimeError:  # already defined in this process
+        return
+    lib.impl("murmur_hash32_cpu", murmur_hash32_cpu, "CPU")
+
+    @torch.library.register_fake("sgl_kernel::murmur_hash32_cpu", lib=lib)
+    def _(seed, positions, col_indices):
+        return seed.new_empty((seed.shape[0], col_indices.shape[0]), dtype=torch.uint32)
+
+    _LIBS.append(lib)
+
+
+_LIBS: list = []
+_register_ops()
+
+
 def __getattr__(name: str):
     if name.startswith("__"):
         raise AttributeError(name)

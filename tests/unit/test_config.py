@@ -95,6 +95,7 @@ NON_DEFAULT = {
     "adaptive_rld_running": 5,
     "adaptive_rld_kv": 0.25,
     "handoff_timeout": 7.5,
+    "seeded_sampling": "on",
 }
 
 
@@ -174,3 +175,16 @@ def test_packed_wan_limits_are_inclusive():
     assert config.from_cli_args(parse("--pdd-packed-wan-mb", str(1 << 20))).packed_wan_mb == 1 << 20
     cfg = config.from_cli_args(parse("--pdd-adaptive-rld-kv", "1.0", "--pdd-adaptive-md-batch", "0"))
     assert (cfg.adaptive_rld_kv, cfg.adaptive_md_batch) == (1.0, 0)
+
+
+def test_seeded_sampling_is_on_for_roles_and_exported_for_a_plain_server_that_asks():
+    assert PddConfig(role=Role.MAIN).honours_seeds and not PddConfig().honours_seeds
+    assert not PddConfig(role=Role.MAIN, seeded_sampling="off").honours_seeds
+    plain = config.from_cli_args(parse("--pdd-seeded-sampling", "on"))
+    assert plain.honours_seeds and not plain.active
+    env = {}
+    plain.export_env(env)
+    assert PddConfig.from_env(env).honours_seeds  # the schedulers of a plain server see it too
+    env = {}
+    PddConfig().export_env(env)
+    assert config.ENV_CONFIG not in env
