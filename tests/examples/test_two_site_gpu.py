@@ -20,8 +20,9 @@ import pytest
 from sglang_pdd import config
 from sglang_pdd.roles import Role
 
-HERE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                    "examples", "two-site-gpu")
+from .conftest import EXAMPLES
+
+HERE = os.path.join(EXAMPLES, "two-site-gpu")
 SCRIPTS = sorted(f for f in os.listdir(HERE) if f.endswith(".sh"))
 ROLES = {"prefill": "site-a-prefill.sh", "relay": "site-a-relay.sh", "main": "site-b-main.sh",
          "router": "site-a-router.sh"}
@@ -69,19 +70,6 @@ def one(script, env_file, **env) -> tuple[dict, list[str]]:
 def opt(argv: list[str], flag: str, n: int = 1):
     i = argv.index(flag)
     return argv[i + 1] if n == 1 else argv[i + 1:i + 1 + n]
-
-
-@pytest.fixture(scope="module")
-def server_parser():
-    """sglang 0.5.23's own launch_server parser plus the plugin's --pdd-* flags, no abbreviations."""
-    try:
-        from sglang.srt.server_args import ServerArgs
-    except Exception as e:  # pragma: no cover - depends on the environment
-        pytest.skip(f"sglang not importable: {e}")
-    p = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
-    ServerArgs.add_cli_args(p)
-    config.add_cli_args(p)
-    return p
 
 
 def test_scripts_are_valid_bash():
