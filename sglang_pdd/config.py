@@ -19,6 +19,7 @@ from sglang_pdd.roles import ROLE_CHOICES, Role
 
 ENV_CONFIG = "SGLANG_PDD_CONFIG"  # JSON of PddConfig, set by the launcher for its children
 ENV_SECRET = "SGLANG_PDD_SECRET"  # shared secret of the token channel (never put on a command line)
+ENV_SECRET_FILE = "SGLANG_PDD_SECRET_FILE"  # or: a file holding it (a mounted Kubernetes Secret, a 0600 file)
 ENV_TESTING = "SGLANG_PDD_TESTING"  # "1": honour test-only negative-control switches in requests
 
 
@@ -192,11 +193,25 @@ class PddConfig:
             env.pop(ENV_CONFIG, None)
 
     def secret(self, environ: dict | None = None) -> bytes:
-        """The token channel's shared secret (`SGLANG_PDD_SECRET`); relay and main need one."""
-        value = (environ if environ is not None else os.environ).get(ENV_SECRET, "")
+        """The token channel's shared secret: `SGLANG_PDD_SECRET`, or the contents of the file
+        `SGLANG_PDD_SECRET_FILE` names (one trailing newline dropped); relay and main need one."""
+        env = environ if environ is not None else os.environ
+        value, path = env.get(ENV_SECRET, ""), env.get(ENV_SECRET_FILE, "")
+        if value and path:
+            raise PddConfigError(f"both {ENV_SECRET} and {ENV_SECRET_FILE} are set: set one")
+        if path:
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+            except OSError as e:
+                raise PddConfigError(f"{ENV_SECRET_FILE}: cannot read {path}: {e.strerror}") from None
+            data = data[:-1] if data.endswith(b"\n") else data
+            if not data.strip():
+                raise PddConfigError(f"{ENV_SECRET_FILE}: {path} is empty")
+            return data
         if not value:
-            raise PddConfigError(f"{ENV_SECRET} is not set: RelayDecode and MainDecode authenticate "
-                                 "the token channel with it (the same value on both)")
+            raise PddConfigError(f"{ENV_SECRET} (or {ENV_SECRET_FILE}) is not set: RelayDecode and MainDecode "
+                                 "authenticate the token channel with it (the same value on both)")
         return value.encode()
 
     def describe(self) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 from aiohttp import web
 
@@ -12,6 +13,24 @@ from sglang_pdd.router import openai_api as oa
 from sglang_pdd.router.dispatch import PIPELINE_MODES, Dispatcher, Outcome, RequestFailed
 
 logger = logging.getLogger(__name__)
+
+# TTFT buckets (seconds): a same-site first token is tens of ms, a cold prompt whose KV crosses a slow WAN
+# can take seconds to tens of seconds.
+TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+
+
+class FirstToken:
+    """Observes one request's time to first token (from its arrival at the router) once, on the first
+    delta that carries tokens; the pipeline label is the one the dispatcher chose."""
+
+    def __init__(self, metrics: "RouterMetrics", outcome: Outcome, t0: float):
+        self.metrics, self.outcome, self.t0, self.seen = metrics, outcome, t0, False
+
+    def tick(self, delta) -> None:
+        if not self.seen and delta.token_ids:
+            self.seen = True
+            pipe = self.outcome.pipeline.value if self.outcome.pipeline else "none"
+            self.metrics.ttft.labels(pipe).observe(time.perf_counter() - self.t0)
 
 
 class RouterMetrics:
@@ -25,13 +44,16 @@ class RouterMetrics:
                               ("source",), registry=self.registry)
         self.handoffs = Counter("sglang_pdd_router_handoffs", "Relay-to-main handoffs by mode",
                                 ("mode",), registry=self.registry)
-        from prometheus_client import Gauge
+        from prometheus_client import Gauge, Histogram
 
         self.bandwidth = Gauge("sglang_pdd_router_wan_bandwidth_estimate_bytes_per_second",
                                "The pipeline policy's WAN bandwidth estimate", registry=self.registry)
         self.avoided = Counter("sglang_pdd_router_wan_bytes_avoided",
                                "MD's predicted missed KV bytes never sent over the WAN (odd traffic served "
                                "P->RLD)", ("reason",), registry=self.registry)
+        self.ttft = Histogram("sglang_pdd_router_ttft_seconds", "Time from a request's arrival at the router "
+                              "to its first output token, by pipeline", ("pipeline",), buckets=TTFT_BUCKETS,
+                              registry=self.registry)
 
     def record(self, outcome: Outcome, ok: bool, n_tokens: int) -> None:
         pipe = outcome.pipeline.value if outcome.pipeline else "none"
@@ -98,6 +120,7 @@ class RouterApp:
 
     # -- sglang-native ----------------------------------------------------------------------
     async def generate(self, request):
+        t0 = time.perf_counter()
         try:
             body = await self._body(request)
             ids = body.get("input_ids")
@@ -119,11 +142,13 @@ class RouterApp:
         extra = {"return_logprob": True} if body.get("return_logprob") else {}
         outcome = Outcome()
         stream = self.d.generate(ids, sp, extra, outcome, pipeline=pipeline)
+        clock = FirstToken(self.metrics, outcome, t0)
         if body.get("stream"):
-            return await self._stream_native(request, stream, outcome, len(ids))
+            return await self._stream_native(request, stream, outcome, len(ids), clock)
         out_ids, text, reason = [], "", None
         try:
             async for delta in stream:
+                clock.tick(delta)
                 out_ids += delta.token_ids
                 text += delta.text
                 reason = delta.finish_reason or reason
@@ -144,12 +169,13 @@ class RouterApp:
             meta["output_token_logprobs"] = outcome.output_logprobs
         return meta
 
-    async def _stream_native(self, request, stream, outcome, n_prompt: int):
+    async def _stream_native(self, request, stream, outcome, n_prompt: int, clock: FirstToken):
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         out_ids, text = [], ""
         try:
             async for delta in stream:
+                clock.tick(delta)
                 out_ids += delta.token_ids
                 text += delta.text
                 await resp.write(_sse({"text": text, "output_ids": out_ids,
@@ -169,6 +195,7 @@ class RouterApp:
         return await self._openai(request, chat=True)
 
     async def _openai(self, request, chat: bool):
+        t0 = time.perf_counter()
         try:
             body = await self._body(request)
             ids = oa.prompt_ids(self.tok, body, chat)
@@ -181,6 +208,7 @@ class RouterApp:
         trim = oa.StopTrim(stops=list(sp.get("stop") or []))
         outcome = Outcome()
         stream = self.d.generate(ids, sp, {}, outcome)
+        clock = FirstToken(self.metrics, outcome, t0)
         n_out = 0
         if body.get("stream"):
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -188,6 +216,7 @@ class RouterApp:
             first = True
             try:
                 async for delta in stream:
+                    clock.tick(delta)
                     n_out += len(delta.token_ids)
                     text = trim.push(delta.text, delta.finish_reason)
                     reason = oa.finish_reason(delta.finish_reason)
@@ -205,6 +234,7 @@ class RouterApp:
         reason = None
         try:
             async for delta in stream:
+                clock.tick(delta)
                 n_out += len(delta.token_ids)
                 trim.push(delta.text, delta.finish_reason)
                 reason = delta.finish_reason or reason

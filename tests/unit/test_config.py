@@ -188,3 +188,29 @@ def test_seeded_sampling_is_on_for_roles_and_exported_for_a_plain_server_that_as
     env = {}
     PddConfig().export_env(env)
     assert config.ENV_CONFIG not in env
+
+
+def test_secret_comes_from_the_environment_or_a_file(tmp_path):
+    f = tmp_path / "secret"
+    f.write_bytes(b"s3cret\n")  # as `echo s3cret > file` writes it: the newline is not part of the key
+    cfg = PddConfig(role=Role.MAIN)
+    assert cfg.secret({config.ENV_SECRET: "s3cret"}) == cfg.secret({config.ENV_SECRET_FILE: str(f)}) == b"s3cret"
+    f.write_bytes(b"s3cret")
+    assert cfg.secret({config.ENV_SECRET_FILE: str(f)}) == b"s3cret"
+
+
+@pytest.mark.parametrize("content, env, match", [
+    (None, {}, "SGLANG_PDD_SECRET .or SGLANG_PDD_SECRET_FILE. is not set"),
+    (b"\n", {"file": True}, "is empty"),
+    (None, {"file": True}, "cannot read"),
+    (b"x", {"file": True, config.ENV_SECRET: "x"}, "set one"),
+])
+def test_a_missing_empty_or_doubly_given_secret_is_a_clear_error(tmp_path, content, env, match):
+    f = tmp_path / "secret"
+    if content is not None:
+        f.write_bytes(content)
+    environ = {k: v for k, v in env.items() if k != "file"}
+    if env.get("file"):
+        environ[config.ENV_SECRET_FILE] = str(f)
+    with pytest.raises(PddConfigError, match=match):
+        PddConfig(role=Role.RELAY).secret(environ)

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Cluster A: RelayDecode (RLD). Gets P's KV at once, streams the first ("eager") tokens, then hands the
+# request to MD by token IDs over its token channel (PDD_TOKEN_PORT on PDD_RELAY_HOST, reached from MD).
+#
+# Proven only with sglang's non-overlap scheduler at TP 1: the handoff ends a request between two
+# decode steps, which the overlap loop does not guarantee. Hence --disable-overlap-schedule --tp-size 1
+# (not configurable here).
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+export CUDA_VISIBLE_DEVICES=$PDD_RELAY_GPUS SGLANG_HOST_IP=$PDD_RELAY_HOST
+pdd_secret
+pdd_server_args
+pdd_transport
+PDD_ARGS+=(
+  --host "$PDD_RELAY_HOST" --port "$PDD_RELAY_PORT" --tp-size 1 --disable-overlap-schedule
+  --disaggregation-mode decode
+  --pdd-role relay --pdd-token-port "$PDD_TOKEN_PORT" --pdd-handoff-timeout "$PDD_HANDOFF_TIMEOUT_S"
+)
+pdd_extra "$PDD_RELAY_EXTRA"
+pdd_run "$PDD_PYTHON" -m sglang.launch_server "${PDD_ARGS[@]}"
