@@ -48,7 +48,7 @@ def after_add_request_to_queue(_result, scheduler, req, is_retracted=False, *a, 
     if hasattr(rt, "admit"):
         rt.admit(req)
     else:
-        rt.handoff.track(req)
+        rt.track(req)
 
 
 def around_process_decode_queue(original, scheduler, *a, **kw):

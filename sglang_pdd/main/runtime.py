@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
-from sglang_pdd import metrics
+import msgspec
+
+from sglang_pdd import config, metrics
 from sglang_pdd.config import PddConfig, testing_enabled
 from sglang_pdd.main import extend_batch
 from sglang_pdd.main.handoff import MainHandoff
@@ -31,6 +34,7 @@ class MainRuntime:
         self._chunks_seen: dict[str, int] = {}
         self._testing = testing_enabled()
         self._drop_after_extend: list = []  # negative control: (req, n, k) whose eager KV is discarded
+        self._knobs = bool(os.environ.get(config.ENV_TEST_KNOBS))
 
     # -- admission --------------------------------------------------------------------------
     def admit(self, req: Any) -> None:
@@ -44,6 +48,8 @@ class MainRuntime:
             return
         if params is None or params.relay is None:
             return  # a plain P->MD request
+        if self._testing and self._knobs and config.read_test_knobs().drop_eager_kv:
+            params = msgspec.structs.replace(params, test_drop_eager_kv=True)
         self.handoff.admit(req, params)
         self._register_sockets()
 
@@ -61,6 +67,8 @@ class MainRuntime:
     # -- every iteration, after sglang's own process_decode_queue ----------------------------
     def after_process_decode_queue(self) -> None:
         s = self.scheduler
+        if self._knobs and s.waiting_queue and config.read_test_knobs().corrupt_cached_prefix:
+            self._corrupt_cached_prefix([r for r in s.waiting_queue if not getattr(r, "_pdd_corrupted", False)])
         keep = []
         for req in s.waiting_queue:
             if self.handoff.is_relayed(req) and not req.finished():
@@ -147,6 +155,21 @@ class MainRuntime:
                 pool.get_key_buffer(layer)[locs] = 0
                 pool.get_value_buffer(layer)[locs] = 0
         self._drop_after_extend.clear()
+
+    def _corrupt_cached_prefix(self, reqs: list) -> None:
+        """Negative control of the decode radix cache: zero the KV of the prefix a request reuses."""
+        s = self.scheduler
+        pool = s.token_to_kv_pool_allocator.get_kvcache()
+        for req in reqs:
+            req._pdd_corrupted = True
+            n = int(getattr(req.kv, "cache_protected_len", 0) or 0)
+            if n == 0 or req.kv.req_pool_idx is None:
+                continue
+            locs = s.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :n].long()
+            for layer in range(pool.start_layer, pool.start_layer + pool.layer_num):
+                pool.get_key_buffer(layer)[locs] = 0
+                pool.get_value_buffer(layer)[locs] = 0
+            logger.warning("sglang-pdd test knob: zeroed the %d cached prefix tokens of %s", n, req.rid)
 
     # -- batch selection ----------------------------------------------------------------------
     def next_batch(self, running_batch):
