@@ -6,6 +6,8 @@ test rebuilds that layout in a temporary directory from a copy of the installed 
 byte-compiles every Python file the series touches, and runs the unit tests the series adds
 (CPU, no server) in one subprocess whose `PYTHONPATH` puts the patched copy first. The tests
 import modules that only the series creates, so they cannot pass against the unpatched install.
+The same subprocess checks the plugin's choice at load there: every capability of
+`plugin.CAPABILITIES` takes sglang's extension point, and the hooks they retire are not registered.
 """
 
 from __future__ import annotations
@@ -88,7 +90,8 @@ def test_the_patches_own_unit_tests_pass_on_the_patched_copy(patched_tree):
     tests = sorted({rel for p in PATCHES for rel in _touched(p)
                     if rel.startswith("test/registered/") and Path(rel).name.startswith("test_")})
     assert tests
-    env = {**os.environ, "PYTHONPATH": str(patched_tree / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(patched_tree / "python"), str(REPO),
+                                                        os.environ.get("PYTHONPATH", "")]),
            "PYTHONDONTWRITEBYTECODE": "1"}
     code = ("import sys, unittest, runpy, pathlib\n"
             "import sglang\n"
@@ -100,7 +103,12 @@ def test_the_patches_own_unit_tests_pass_on_the_patched_copy(patched_tree):
             "    suite.addTests(unittest.defaultTestLoader.loadTestsFromModule(mod))\n"
             "res = unittest.TextTestRunner(verbosity=1).run(suite)\n"
             "print(f'RAN {res.testsRun} SKIPPED {len(res.skipped)}')\n"
-            "sys.exit(0 if res.wasSuccessful() and not res.skipped else 1)\n")
+            "from sglang_pdd import plugin\n"  # the plugin's choice at load on the patched sglang
+            "caps = plugin.capability_paths()\n"
+            "retired = {t for c in plugin.CAPABILITIES for t in c.retires}\n"
+            "ok = all(caps.values()) and len(plugin.active_hooks()) == len(plugin.HOOKS) - len(retired)\n"
+            "print(f'CAPABILITIES {caps} ACTIVE {len(plugin.active_hooks())}/{len(plugin.HOOKS)}')\n"
+            "sys.exit(0 if res.wasSuccessful() and not res.skipped and ok else 1)\n")
     proc = subprocess.run([sys.executable, "-c", code, *[str(patched_tree / t) for t in tests]],
                           cwd=patched_tree, env=env, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
