@@ -35,6 +35,7 @@ class MainRuntime:
         self._testing = testing_enabled()
         self._drop_after_extend: list = []  # negative control: (req, n, k) whose eager KV is discarded
         self._knobs = bool(os.environ.get(config.ENV_TEST_KNOBS))
+        self._held_published = -1
 
     # -- admission --------------------------------------------------------------------------
     def admit(self, req: Any) -> None:
@@ -81,6 +82,14 @@ class MainRuntime:
             s.waiting_queue = keep
         for a in self.handoff.poll():
             self._abort(a)
+        self._publish_held()
+
+    def _publish_held(self) -> None:
+        """The held gauge whenever it changes (clients wait on it), not only at the publish rate."""
+        n = len(self.handoff.held())
+        if n != self._held_published:
+            self._held_published = n
+            metrics.set_held("main", n)
 
     def md_batch(self) -> int:
         return len(self.scheduler.running_batch.reqs)
@@ -89,7 +98,7 @@ class MainRuntime:
         """Gauges and counter deltas for /metrics (called at a bounded rate by the hook)."""
         rejected = {**self.channel.rejected, "unknown_room": self.handoff.stats.unknown_messages}
         metrics.export_channel_rejects("main", rejected, self._rejects_seen)
-        metrics.set_held("main", len(self.handoff.held()))
+        self._publish_held()
         st = self.handoff.stats
         metrics.export_deltas({"chunks": st.chunks, "tokens": st.chunk_tokens}, self._chunks_seen,
                               lambda what, n: metrics.record_catchup("main", what, n))
@@ -122,6 +131,7 @@ class MainRuntime:
                 from sglang_pdd.main.handoff import Abort
 
                 self._abort(Abort(req, held=True, message=message or "Aborted by AbortReq.", relay_finished=False))
+        self._publish_held()
 
     def busy(self) -> bool:
         return bool(self.handoff.held()) or self.last_extend is not None
@@ -223,4 +233,5 @@ class MainRuntime:
         metrics.record_extend_batch(len(items))
         for p in items:
             metrics.record_handoff("main", len(p.req.output_ids))
+        self._publish_held()
         return batch, running_batch
