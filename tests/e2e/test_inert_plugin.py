@@ -1,4 +1,5 @@
-"""With sglang-pdd installed but no --pdd-role, a server is plain sglang: greedy output equals HF's."""
+"""With sglang-pdd installed but no --pdd-role, a server is plain sglang: greedy output equals HF's (the
+reference server also runs --pdd-seeded-sampling on, which greedy requests never see)."""
 
 import pytest
 

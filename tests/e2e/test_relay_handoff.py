@@ -25,7 +25,7 @@ TOKEN_PORT = 18500
 PAGE = 16
 CHUNK = 256  # P's --chunked-prefill-size
 NEW = 64
-HANDOFF_TIMEOUT = 10
+HANDOFF_TIMEOUT = 30  # MD waits this long for eager tokens: a slow box must not decide an outcome
 SEEDED = {"temperature": 0.8, "top_p": 0.9, "sampling_seed": 1234}
 
 

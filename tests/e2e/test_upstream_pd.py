@@ -3,6 +3,7 @@ to a single server, through the upstream router; and the comparison fails when t
 
 import pytest
 
+from sglang_pdd.testing import identity
 from sglang_pdd.testing.client import fake_transfer_generate, greedy_body, greedy_ids
 from sglang_pdd.testing.servers import http_json
 
@@ -22,23 +23,24 @@ def pd(server_group, tiny_model):
 def test_pd_through_router_is_token_identical_to_single_server(pd, reference_server, prompts):
     for n, seed in PROMPTS:
         ids = prompts.ids(n, seed)
-        expected = greedy_ids(reference_server.url, ids, NEW_TOKENS)
-        assert greedy_ids(pd.router.url, ids, NEW_TOKENS) == expected, f"prompt of {n} tokens"
+        want = identity.reference(reference_server.url, ids, NEW_TOKENS)
+        identity.check(want, greedy_ids(pd.router.url, ids, NEW_TOKENS), f"upstream PD, prompt of {n} tokens")
 
 
 def test_negative_control_decode_without_kv_differs(pd, reference_server, prompts):
     ids = prompts.ids(300, seed=99)  # never served before: no stale KV of it in decode's pool
-    expected = greedy_ids(reference_server.url, ids, NEW_TOKENS)
+    want = identity.reference(reference_server.url, ids, NEW_TOKENS)
     got = fake_transfer_generate(pd.decode.url, greedy_body(ids, NEW_TOKENS))["output_ids"]
     assert len(got) == NEW_TOKENS
-    assert got != expected
+    with pytest.raises(AssertionError, match="diverges from the single server"):
+        identity.check(want, got, "decode without the KV")
 
 
 def test_bad_input_through_router_is_rejected_and_pd_keeps_serving(pd, reference_server, prompts):
     status, body = http_json(pd.router.url + "/generate", greedy_body([5, 10 ** 6, 7], 4))
     assert status >= 400, body
     ids = prompts.ids(40, seed=5)
-    assert greedy_ids(pd.router.url, ids, 8) == greedy_ids(reference_server.url, ids, 8)
+    identity.check(identity.reference(reference_server.url, ids, 8), greedy_ids(pd.router.url, ids, 8), "after")
     assert pd.prefill.alive() and pd.decode.alive()
 
 
@@ -47,5 +49,5 @@ def test_streaming_through_router_gives_the_same_tokens(pd, reference_server, pr
 
     ids = prompts.ids(500, seed=14)
     out = stream_generate(pd.router.url, greedy_body(ids, NEW_TOKENS))
-    assert out["output_ids"] == greedy_ids(reference_server.url, ids, NEW_TOKENS)
+    identity.check(identity.reference(reference_server.url, ids, NEW_TOKENS), out["output_ids"], "streamed")
     assert out["ttft_s"] is not None and out["ttft_s"] <= out["e2e_s"]
