@@ -120,8 +120,8 @@ class RouterApp:
         client error (413 for a body over the limit, else 400)."""
         try:
             raw = await request.read()
-        except web.HTTPRequestEntityTooLarge as e:
-            return _error(413, f"the body is over the router's limit of {e.max_size} bytes")
+        except web.HTTPRequestEntityTooLarge:
+            return _error(413, f"the body is over the router's limit of {request.client_max_size} bytes")
         try:
             return await self.prep.run(kind, raw)
         except BadRequest as e:

@@ -23,10 +23,16 @@ MAX_LINE = 1 << 30  # one SSE line; a 16k-token chunk with logprobs is about 1 M
 
 
 class UpstreamError(RuntimeError):
-    def __init__(self, role: str, url: str, status: int | None, message: str):
+    def __init__(self, role: str, url: str, status: int | None, message: str, public: str | None = None):
         super().__init__(f"{role} {url}: {f'HTTP {status}: ' if status else ''}{message}")
         self.role, self.url, self.status = role, url, status
-        self.public = f"{role}: {f'HTTP {status}: ' if status else ''}{message}".replace(url, f"<{role}>")
+        self.public = public or f"{role}: {f'HTTP {status}: ' if status else ''}{message}".replace(url, f"<{role}>")
+
+
+def _unreachable(role: str, url: str, e: Exception) -> UpstreamError:
+    """aiohttp's message names the host and port: only the log gets it."""
+    return UpstreamError(role, url, None, f"{type(e).__name__}: {e}",
+                         public=f"{role}: the server failed or could not be reached ({type(e).__name__})")
 
 
 def _error_message(text: str) -> str:
@@ -90,15 +96,15 @@ async def stream_generate(session: aiohttp.ClientSession, role: str, url: str, b
                     raise UpstreamError(role, url, None, "sent a stream chunk that is not an object")
                 if "error" in chunk:
                     raise _stream_error(role, url, chunk["error"])
-                yield chunk
                 reason = (chunk.get("meta_info") or {}).get("finish_reason")
+                if isinstance(reason, dict) and reason.get("type") == "abort":
+                    raise UpstreamError(role, url, reason.get("status_code"), reason.get("message", "aborted"))
+                yield chunk
                 if reason is not None:
-                    if reason.get("type") == "abort":
-                        raise UpstreamError(role, url, reason.get("status_code"), reason.get("message", "aborted"))
                     return
             raise UpstreamError(role, url, None, "the stream ended without a finish reason")
     except aiohttp.ClientError as e:
-        raise UpstreamError(role, url, None, f"{type(e).__name__}: {e}") from None
+        raise _unreachable(role, url, e) from None
     except TimeoutError:
         raise UpstreamError(role, url, None, f"no answer within {timeout_s:g}s") from None
 
@@ -113,7 +119,7 @@ async def post_json(session: aiohttp.ClientSession, role: str, url: str, path: s
                 raise UpstreamError(role, url, r.status, _error_message(text))
             out = json.loads(text) if text else {}
     except aiohttp.ClientError as e:
-        raise UpstreamError(role, url, None, f"{type(e).__name__}: {e}") from None
+        raise _unreachable(role, url, e) from None
     except TimeoutError:
         raise UpstreamError(role, url, None, f"no answer within {timeout_s:g}s") from None
     except ValueError:
