@@ -1,6 +1,5 @@
 import pytest
 
-from sglang_pdd.cache.prefix_view import PrefixView
 from sglang_pdd.router import openai_api as oa
 from sglang_pdd.router.__main__ import _peer_args, build_parser
 from sglang_pdd.router.peers import Peer, PeerPool
@@ -53,14 +52,6 @@ def test_stop_trim_holds_back_a_possible_stop_and_cuts_at_the_match():
 def test_stop_trim_without_stops_passes_text_through():
     t = oa.StopTrim()
     assert t.push("ab", None) == "ab" and t.push("c", {"type": "length"}) == "c"
-
-
-def test_prefix_view_matches_page_granular_prefixes_and_forgets_oldest():
-    v = PrefixView(page_size=2, max_tokens=10)
-    v.insert([1, 2, 3, 4, 5])
-    assert v.match([1, 2, 3, 4, 9]) == 4 and v.match([1, 2, 3]) == 2 and v.match([7]) == 0
-    v.insert([7, 8, 9, 10, 11, 12])  # over the token bound: the first sequence goes
-    assert v.match([1, 2]) == 0 and v.match([7, 8, 9, 10, 11, 12]) == 6
 
 
 def test_peer_pools_pick_least_loaded_or_round_robin():
