@@ -221,9 +221,12 @@ class Dispatcher:
             meta = item.get("meta_info") or {}
             reason = meta.get("finish_reason")
             try:
-                delta = feed(list(item.get("output_ids") or []), reason)
+                delta = feed(item.get("output_ids") or [], reason)
             except StitchError as e:
                 raise RequestFailed(f"pdd stitching: {e}", status=502) from None
+            except (TypeError, ValueError, KeyError, AttributeError) as e:  # a chunk not shaped as sglang's
+                logger.warning("%s sent a malformed chunk: %r", role, e)
+                raise RequestFailed(f"{role}: a malformed stream chunk", status=502) from None
             got = meta.get("output_token_logprobs")
             if got:  # cumulative, aligned with output_ids; after the handoff MD's repeats t1..tk
                 lp.extend(got[len(lp):])

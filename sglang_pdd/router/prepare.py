@@ -2,15 +2,18 @@
 parameters) off the router's event loop.
 
 Bodies may be up to the router's limit (64 MiB by default): parsing and tokenizing one of those
-takes seconds, which on the loop would stall every stream the router serves. Both run here in one
-worker thread (a fast tokenizer is not safe to share between threads). A text whose length alone
-proves it longer than the model's context is refused before it is tokenized.
+takes seconds, which on the loop would stall every stream the router serves. Both run here in a
+few worker threads, each with its own copy of the tokenizer (a fast tokenizer is not safe to share
+between threads), so that one huge prompt does not hold up everyone else's. A text whose length
+alone proves it longer than the model's context is refused before it is tokenized.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -35,12 +38,21 @@ def longest_token_chars(tokenizer) -> int | None:
 
 
 class Preparer:
-    def __init__(self, tokenizer, limits: ModelLimits, default_max_tokens: int):
-        self.tok, self.limits, self.default_max_tokens = tokenizer, limits, default_max_tokens
+    def __init__(self, tokenizer, limits: ModelLimits, default_max_tokens: int, workers: int = 4):
+        self._tok, self.limits, self.default_max_tokens = tokenizer, limits, default_max_tokens
+        self._local = threading.local()
         longest = longest_token_chars(tokenizer) if limits.context_len else None
         # margin 4: normalizers may drop characters, so a token can stand for more than its text
         self.max_text_chars = limits.context_len * longest * 4 if longest else None
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pdd-router-tokenize")
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pdd-router-tokenize")
+
+    @property
+    def tok(self):
+        """This worker thread's own copy of the tokenizer."""
+        tok = getattr(self._local, "tok", None)
+        if tok is None:
+            tok = self._local.tok = copy.deepcopy(self._tok)
+        return tok
 
     async def run(self, kind: str, raw: bytes) -> Prepared:
         """kind: generate (sglang-native), completions or chat (OpenAI). Raises BadRequest."""
