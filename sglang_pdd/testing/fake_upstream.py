@@ -64,8 +64,12 @@ class FakeRole:
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=1 << 30)
-        app.add_routes([web.post("/generate", self.generate), web.post("/abort_request", self.abort)])
+        app.add_routes([web.post("/generate", self.generate), web.post("/abort_request", self.abort),
+                        web.get("/health", self.health)])
         return app
+
+    async def health(self, _request):
+        return web.Response(text="ok")
 
     async def abort(self, request):
         self.aborts.append((await request.json()).get("rid"))
@@ -79,7 +83,7 @@ class FakeRole:
         if self.role == "prefill":
             return web.json_response({"text": "", "output_ids": [token(0)],
                                       "meta_info": {"finish_reason": {"type": "length", "length": 1}}})
-        n = body["sampling_params"].get("max_new_tokens", 128)
+        n = (body.get("sampling_params") or {}).get("max_new_tokens", 128)
         lp = bool(body.get("return_logprob"))
         ids = [token(i) for i in range(n)]
         if self.role == "relay" and 0 < self.handoff_k < n:
