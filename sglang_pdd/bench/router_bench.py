@@ -5,10 +5,11 @@
 Three processes: the fake P, RLD and MD (`testing.fake_upstream`, sglang's wire format: cumulative
 `output_ids`, one chunk per token, RLD handing off to MD after 4 tokens), the router (a real
 `Dispatcher` and `RouterApp`, pipeline P->RLD->MD, its MD view filled with `cache` tokens of other
-prompts first), and this client. Each row runs `requests` requests, `concurrency` at a time, and
-the same requests straight from the fake MD (the baseline). Printed per row: requests/s through the
-router, the router process's CPU per request and per streamed chunk (from /proc), and the added
-latency per chunk: (mean request time through the router - mean straight from MD) / chunks.
+prompts first), and this client. Each row runs `requests` requests, `concurrency` at a time.
+Printed per row: requests/s through the router at that concurrency, the router process's CPU per
+request and per streamed chunk there (from /proc), and the added latency per chunk of requests sent
+one at a time: (mean request time through the router - the same requests straight from the fake MD)
+/ chunks.
 Linux only (/proc).
 """
 
@@ -139,9 +140,11 @@ def run_row(row: Row, concurrency: int) -> dict:
         asyncio.run(_wait_up(rurl))
         asyncio.run(_wait_up(md))
         asyncio.run(_load(rurl, Row(row.prompt, row.output, row.cache, min(4, row.requests)), concurrency, 0))  # warm
-        _, base_mean, _ = asyncio.run(_load(md, row, concurrency, 1))
+        one_by_one = Row(row.prompt, row.output, row.cache, max(2, row.requests // 4))
+        _, base_mean, _ = asyncio.run(_load(md, one_by_one, 1, 1))
+        _, mean, _ = asyncio.run(_load(rurl, one_by_one, 1, 1))
         cpu0 = _cpu_s(router.pid)
-        wall, mean, chunks = asyncio.run(_load(rurl, row, concurrency, 1))
+        wall, _, chunks = asyncio.run(_load(rurl, row, concurrency, 2))
         cpu = _cpu_s(router.pid) - cpu0
     finally:
         for p in (router, up):
@@ -166,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=8)
     args = ap.parse_args(argv)
     head = ("prompt tok", "output tok", "cache tok", "requests", "req/s", "router CPU ms/req",
-            "router CPU us/chunk", "added latency us/chunk")
+            "router CPU us/chunk", "added latency us/chunk (one at a time)")
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for row in rows(args.quick):
