@@ -126,6 +126,9 @@ class RouterApp:
             return await self.prep.run(kind, raw)
         except BadRequest as e:
             return _error(400, str(e))
+        except Exception:  # the router's own bug, not the client's: say so, keep serving
+            logger.exception("preparing a %s request failed", kind)
+            return _error(500, "the router failed to prepare this request")
 
     async def _first(self, stream, clock: "FirstToken") -> tuple[Delta | None, web.Response | None]:
         """The stream's first delta, or the error response a failure before it becomes: nothing was

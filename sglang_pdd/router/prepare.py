@@ -72,7 +72,8 @@ class Preparer:
         if kind == "generate":
             sp = body.get("sampling_params")
             sp = dict(check_sampling({} if sp is None else sp, self.limits))
-            sp.setdefault("max_new_tokens", self.default_max_tokens)
+            if sp.get("max_new_tokens") is None:
+                sp["max_new_tokens"] = self.default_max_tokens
             ids = body.get("input_ids")
             if ids is None:
                 text = body.get("text")

@@ -117,6 +117,16 @@ def test_client_errors_are_400_with_a_message_and_reach_no_role(path, body, matc
     assert not (cl.prefill.bodies or cl.relay.bodies or cl.main.bodies)
 
 
+def test_a_null_max_new_tokens_takes_the_default():
+    async def go():
+        async with fu.FakeCluster() as cl:
+            return await _post(cl, "/generate", {"input_ids": [5], "sampling_params": {"max_new_tokens": None}},
+                               limits=ModelLimits(vocab_size=1024, context_len=4096)), cl
+
+    (status, text), cl = run(go())
+    assert status == 200 and cl.main.bodies[0]["sampling_params"]["max_new_tokens"] == 128
+
+
 def test_an_oversized_body_is_413_with_a_message():
     async def go():
         async with fu.FakeCluster() as cl:
