@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 
+import msgspec
 from aiohttp import web
 
 from sglang_pdd.router import openai_api as oa
@@ -74,7 +74,7 @@ class RouterMetrics:
 
 
 def _sse(obj) -> bytes:
-    return b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
+    return b"data: " + (obj if isinstance(obj, bytes) else msgspec.json.encode(obj)) + b"\n\n"
 
 
 def _error(status: int, message: str) -> web.Response:

@@ -212,8 +212,8 @@ class Dispatcher:
     async def _drain(self, role: str, q: asyncio.Queue, feed, lp: list) -> AsyncIterator[Delta]:
         idle = self.cfg.idle(role)
         while True:
-            try:
-                item = await asyncio.wait_for(q.get(), idle)
+            try:  # a chunk already waiting needs no timer (wait_for costs a task per call)
+                item = q.get_nowait() if not q.empty() else await asyncio.wait_for(q.get(), idle)
             except TimeoutError:
                 raise RequestFailed(f"{role}: no output for {idle:g}s", status=504) from None
             if isinstance(item, Exception):

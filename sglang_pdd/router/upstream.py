@@ -16,9 +16,11 @@ import logging
 from typing import AsyncIterator
 
 import aiohttp
+import msgspec
 
 logger = logging.getLogger(__name__)
 
+_json = msgspec.json.Decoder()  # several times faster than json.loads on long cumulative lines
 MAX_LINE = 1 << 30  # one SSE line; a 16k-token chunk with logprobs is about 1 MiB
 
 
@@ -82,15 +84,15 @@ async def stream_generate(session: aiohttp.ClientSession, role: str, url: str, b
             if r.status != 200:
                 raise UpstreamError(role, url, r.status, _error_message(await r.text()))
             async for raw in sse_lines(r.content):
-                line = raw.decode(errors="replace").strip()
-                if not line.startswith("data:"):
+                line = raw.strip()
+                if not line.startswith(b"data:"):
                     continue
                 data = line[5:].strip()
-                if data == "[DONE]":
+                if data == b"[DONE]":
                     break
                 try:
-                    chunk = json.loads(data)
-                except ValueError:
+                    chunk = _json.decode(data)
+                except (msgspec.DecodeError, ValueError):
                     raise UpstreamError(role, url, None, "sent a stream chunk that is not JSON") from None
                 if not isinstance(chunk, dict):
                     raise UpstreamError(role, url, None, "sent a stream chunk that is not an object")
