@@ -75,7 +75,7 @@ def _serve_router(ports: list[int], port: int, cache_tokens: int) -> None:
     view = d.views[url[2]]
     view.max_tokens = max(cache_tokens, 1 << 16)
     rng = random.Random(1)
-    while view.tokens < cache_tokens:  # other conversations: a shared system prompt, then their own
+    while view.tokens + 4608 <= cache_tokens:  # other conversations: a shared system prompt, then their own
         view.insert([1] * 512 + [rng.randrange(VOCAB) for _ in range(4096)])
     app = RouterApp(d, tok, "fake", limits=ModelLimits(vocab_size=VOCAB, context_len=1 << 22))
     web.run_app(app.app, host="127.0.0.1", port=port, print=None, access_log=None)
