@@ -74,3 +74,10 @@ def test_router_cli_peers():
         _peer_args([["http://r:2"]], "relay", None, "--relay")
     with pytest.raises(SystemExit, match="expected URL"):
         _peer_args([["r:2"]], "prefill", 8998, "--prefill")
+
+
+def test_router_cli_deadlines_and_limits():
+    args = build_parser().parse_args(["--prefill", "http://p:1", "--main", "http://m:3", "--tokenizer", "x",
+                                      "--main-idle-timeout", "90", "--context-length", "4096", "--max-body-mb", "8"])
+    assert (args.prefill_idle_timeout, args.relay_idle_timeout, args.main_idle_timeout) == (600.0, 120.0, 90.0)
+    assert args.context_length == 4096 and args.max_body_mb == 8.0
