@@ -77,7 +77,17 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--pipeline", choices=PIPELINE_MODES, default="auto")
     ap.add_argument("--peer-policy", choices=("least-loaded", "round-robin"), default="least-loaded")
-    ap.add_argument("--request-timeout", type=float, default=600.0)
+    ap.add_argument("--request-timeout", type=float, default=600.0, help="the longest any request may take (s)")
+    for role, default, what in (("prefill", 600.0, "P's reply (it answers once its KV went out)"),
+                                ("relay", 120.0, "RLD's next stream chunk"),
+                                ("main", 180.0, "MD's next stream chunk (its first comes after the handoff: "
+                                                "keep this above MD's --pdd-handoff-timeout)")):
+        ap.add_argument(f"--{role}-idle-timeout", type=float, default=default,
+                        help=f"end a request with a 504 when {what} takes longer than this (s)")
+    ap.add_argument("--context-length", type=int, default=None,
+                    help="refuse (400) prompts + max tokens beyond this (default: the model's "
+                         "max_position_embeddings; set it to the servers' --context-length)")
+    ap.add_argument("--max-body-mb", type=float, default=64.0, help="refuse (413) request bodies over this")
     ap.add_argument("--default-max-tokens", type=int, default=128)
     ap.add_argument("--kv-bytes-per-token", type=int, default=None, help="for --pipeline auto (default: from the model config)")
     ap.add_argument("--wan-mbit", type=float, default=1000.0, help="initial WAN bandwidth estimate")
@@ -116,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     from aiohttp import web
     from transformers import AutoTokenizer
 
+    from sglang_pdd.router.admission import ModelLimits
     from sglang_pdd.router.app import RouterApp
     from sglang_pdd.router.bandwidth import BandwidthEstimator
     from sglang_pdd.router.policy import PipelinePolicy, PipelinePolicyConfig
@@ -134,12 +145,18 @@ def main(argv: list[str] | None = None) -> int:
                                                  rld_tpot_s=args.rld_tpot_ms / 1000),
                             BandwidthEstimator(args.wan_mbit * 1e6 / 8, rtt_s=rtt), rtt_s=rtt)
     try:
-        d = Dispatcher(prefill, relay, main_, DispatchConfig(args.pipeline, args.request_timeout, args.bandwidth_poll_s),
+        idle = {role: getattr(args, f"{role}_idle_timeout") for role in ("prefill", "relay", "main")}
+        if any(v <= 0 for v in idle.values()) or args.request_timeout <= 0:
+            raise ValueError("timeouts must be positive")
+        d = Dispatcher(prefill, relay, main_, DispatchConfig(args.pipeline, args.request_timeout, args.bandwidth_poll_s,
+                                                             idle_timeout_s=idle),
                        decode=lambda ids: tok.decode(ids, skip_special_tokens=True), policy=policy,
                        kv_events=kv_events)
     except ValueError as e:
         raise SystemExit(f"sglang-pdd router: {e}") from None
-    app = RouterApp(d, tok, args.model_name or args.tokenizer.rstrip("/").split("/")[-1], args.default_max_tokens)
+    limits = ModelLimits.from_model_dir(args.tokenizer, args.context_length)
+    app = RouterApp(d, tok, args.model_name or args.tokenizer.rstrip("/").split("/")[-1], args.default_max_tokens,
+                    limits=limits, max_body_bytes=int(args.max_body_mb * (1 << 20)))
     logging.getLogger(__name__).info("sglang-pdd router: %d prefill, %d relay, %d main; pipeline %s",
                                      len(prefill.peers), len(relay.peers), len(main_.peers), args.pipeline)
     web.run_app(app.app, host=args.host, port=args.port, print=None)

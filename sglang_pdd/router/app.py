@@ -3,14 +3,17 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 
+import msgspec
 from aiohttp import web
 
 from sglang_pdd.router import openai_api as oa
+from sglang_pdd.router.admission import BadRequest, ModelLimits
 from sglang_pdd.router.dispatch import PIPELINE_MODES, Dispatcher, Outcome, RequestFailed
+from sglang_pdd.router.prepare import Prepared, Preparer
+from sglang_pdd.router.stitch import Delta
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +74,7 @@ class RouterMetrics:
 
 
 def _sse(obj) -> bytes:
-    return b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
+    return b"data: " + (obj if isinstance(obj, bytes) else msgspec.json.encode(obj)) + b"\n\n"
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -79,11 +82,13 @@ def _error(status: int, message: str) -> web.Response:
 
 
 class RouterApp:
-    def __init__(self, dispatcher: Dispatcher, tokenizer, model_name: str, default_max_tokens: int = 128):
+    def __init__(self, dispatcher: Dispatcher, tokenizer, model_name: str, default_max_tokens: int = 128,
+                 limits: ModelLimits = ModelLimits(), max_body_bytes: int = 64 << 20):
         self.d, self.tok, self.model = dispatcher, tokenizer, model_name
-        self.default_max_tokens = default_max_tokens
+        self.default_max_tokens, self.limits = default_max_tokens, limits
         self.metrics = RouterMetrics()
-        app = web.Application(client_max_size=64 << 20)
+        self.prep = Preparer(tokenizer, limits, default_max_tokens)
+        app = web.Application(client_max_size=max_body_bytes)
         app.add_routes([
             web.post("/generate", self.generate), web.post("/v1/completions", self.completions),
             web.post("/v1/chat/completions", self.chat), web.get("/v1/models", self.models),
@@ -91,10 +96,11 @@ class RouterApp:
         ])
         app.on_startup.append(lambda _: self.d.start())
         app.on_cleanup.append(lambda _: self.d.close())
+        app.on_cleanup.append(self._close_prep)
         self.app = app
 
-    def decode(self, ids: list[int]) -> str:
-        return self.tok.decode(ids, skip_special_tokens=True)
+    async def _close_prep(self, _app) -> None:
+        self.prep.close()
 
     async def health(self, _req):
         return web.Response(text="ok")
@@ -109,45 +115,63 @@ class RouterApp:
             self.metrics.bandwidth.set(self.d.policy.bandwidth.bytes_per_s)
         return web.Response(body=generate_latest(self.metrics.registry), content_type="text/plain")
 
-    async def _body(self, request) -> dict:
+    async def _prepared(self, request, kind: str) -> Prepared | web.Response:
+        """The client's body parsed, checked and tokenized off the event loop; an error response for a
+        client error (413 for a body over the limit, else 400)."""
         try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise oa.BadRequest("the body is not valid JSON") from None
-        if not isinstance(body, dict):
-            raise oa.BadRequest("the body must be a JSON object")
-        return body
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return _error(413, f"the body is over the router's limit of {request.client_max_size} bytes")
+        try:
+            return await self.prep.run(kind, raw)
+        except BadRequest as e:
+            return _error(400, str(e))
+        except Exception:  # the router's own bug, not the client's: say so, keep serving
+            logger.exception("preparing a %s request failed", kind)
+            return _error(500, "the router failed to prepare this request")
+
+    async def _first(self, stream, clock: "FirstToken") -> tuple[Delta | None, web.Response | None]:
+        """The stream's first delta, or the error response a failure before it becomes: nothing was
+        sent yet, so the client still gets the failure's own status."""
+        try:
+            d = await stream.__anext__()
+        except StopAsyncIteration:
+            return None, None
+        except RequestFailed as e:
+            return None, _error(e.status, str(e))
+        clock.tick(d)
+        return d, None
 
     # -- sglang-native ----------------------------------------------------------------------
     async def generate(self, request):
         t0 = time.perf_counter()
-        try:
-            body = await self._body(request)
-            ids = body.get("input_ids")
-            if ids is None:
-                if not isinstance(body.get("text"), str) or not body["text"]:
-                    raise oa.BadRequest("send non-empty text or input_ids")
-                ids = self.tok.encode(body["text"], add_special_tokens=False)
-            if not isinstance(ids, list) or not ids or not all(isinstance(t, int) for t in ids):
-                raise oa.BadRequest("input_ids must be a non-empty list of token ids (one prompt per request)")
-            sp = dict(body.get("sampling_params") or {})
-            sp.setdefault("max_new_tokens", self.default_max_tokens)
-            pipeline = body.get("pdd_pipeline")
-            if pipeline is not None and pipeline not in PIPELINE_MODES:
-                raise oa.BadRequest(f"pdd_pipeline must be one of {', '.join(PIPELINE_MODES)}")
-            if pipeline is not None and pipeline != "direct" and not self.d.relay:
-                raise oa.BadRequest(f"pdd_pipeline {pipeline} needs a relay; this router has none")
-        except oa.BadRequest as e:
-            return _error(400, str(e))
+        prep = await self._prepared(request, "generate")
+        if isinstance(prep, web.Response):
+            return prep
+        body, ids, sp = prep.body, prep.ids, prep.sampling_params
+        pipeline = body.get("pdd_pipeline")
+        if pipeline is not None and pipeline not in PIPELINE_MODES:
+            return _error(400, f"pdd_pipeline must be one of {', '.join(PIPELINE_MODES)}")
+        if pipeline is not None and pipeline != "direct" and not self.d.relay:
+            return _error(400, f"pdd_pipeline {pipeline} needs a relay; this router has none")
         extra = {"return_logprob": True} if body.get("return_logprob") else {}
         outcome = Outcome()
         stream = self.d.generate(ids, sp, extra, outcome, pipeline=pipeline)
-        clock = FirstToken(self.metrics, outcome, t0)
-        if body.get("stream"):
-            return await self._stream_native(request, stream, outcome, len(ids), clock)
-        out_ids, text, reason = [], "", None
         try:
-            async for delta in stream:
+            return await self._native(request, body, ids, stream, outcome, FirstToken(self.metrics, outcome, t0))
+        finally:  # also when the client went away mid-write: the dispatcher aborts every role's copy now
+            await stream.aclose()
+
+    async def _native(self, request, body, ids, stream, outcome: Outcome, clock: FirstToken):
+        out_ids, text, reason = [], "", None
+        first, failed = await self._first(stream, clock)
+        if failed is not None:
+            self.metrics.record(outcome, False, 0)
+            return failed
+        if body.get("stream"):
+            return await self._stream_native(request, first, stream, outcome, len(ids), clock)
+        try:
+            async for delta in _chain(first, stream):
                 clock.tick(delta)
                 out_ids += delta.token_ids
                 text += delta.text
@@ -169,12 +193,12 @@ class RouterApp:
             meta["output_token_logprobs"] = outcome.output_logprobs
         return meta
 
-    async def _stream_native(self, request, stream, outcome, n_prompt: int, clock: FirstToken):
+    async def _stream_native(self, request, first, stream, outcome, n_prompt: int, clock: FirstToken):
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         out_ids, text = [], ""
         try:
-            async for delta in stream:
+            async for delta in _chain(first, stream):
                 clock.tick(delta)
                 out_ids += delta.token_ids
                 text += delta.text
@@ -196,26 +220,32 @@ class RouterApp:
 
     async def _openai(self, request, chat: bool):
         t0 = time.perf_counter()
-        try:
-            body = await self._body(request)
-            ids = oa.prompt_ids(self.tok, body, chat)
-            sp = oa.sampling_params(body, self.default_max_tokens)
-        except oa.BadRequest as e:
-            return _error(400, str(e))
-        except Exception as e:  # a chat template that cannot render these messages
-            return _error(400, f"cannot build the prompt: {e}")
+        prep = await self._prepared(request, "chat" if chat else "completions")
+        if isinstance(prep, web.Response):
+            return prep
+        body, ids, sp = prep.body, prep.ids, prep.sampling_params
         shape = oa.ResponseShape(chat=chat, model=body.get("model") or self.model)
         trim = oa.StopTrim(stops=list(sp.get("stop") or []))
         outcome = Outcome()
         stream = self.d.generate(ids, sp, {}, outcome)
-        clock = FirstToken(self.metrics, outcome, t0)
+        try:
+            return await self._openai_run(request, body, ids, sp, stream, outcome, FirstToken(self.metrics, outcome, t0),
+                                          shape, trim)
+        finally:  # as in generate
+            await stream.aclose()
+
+    async def _openai_run(self, request, body, ids, sp, stream, outcome: Outcome, clock: FirstToken, shape, trim):
         n_out = 0
+        first_delta, failed = await self._first(stream, clock)
+        if failed is not None:
+            self.metrics.record(outcome, False, 0)
+            return failed
         if body.get("stream"):
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
             await resp.prepare(request)
             first = True
             try:
-                async for delta in stream:
+                async for delta in _chain(first_delta, stream):
                     clock.tick(delta)
                     n_out += len(delta.token_ids)
                     text = trim.push(delta.text, delta.finish_reason)
@@ -233,7 +263,7 @@ class RouterApp:
             return resp
         reason = None
         try:
-            async for delta in stream:
+            async for delta in _chain(first_delta, stream):
                 clock.tick(delta)
                 n_out += len(delta.token_ids)
                 trim.push(delta.text, delta.finish_reason)
@@ -243,3 +273,10 @@ class RouterApp:
             return _error(e.status, str(e))
         self.metrics.record(outcome, True, n_out)
         return web.json_response(shape.whole(trim.sent, oa.finish_reason(reason), oa.usage(len(ids), n_out)))
+
+
+async def _chain(first: Delta | None, rest):
+    if first is not None:
+        yield first
+    async for d in rest:
+        yield d

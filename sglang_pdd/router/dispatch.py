@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
 
 import aiohttp
@@ -20,7 +20,7 @@ import aiohttp
 from sglang_pdd.cache import CacheView
 from sglang_pdd.cache.kv_events import KvEventSource, main_views
 from sglang_pdd.protocol.request import RequestParams, with_params
-from sglang_pdd.router import upstream
+from sglang_pdd.router import admission, upstream
 from sglang_pdd.router.peers import Peer, PeerPool
 from sglang_pdd.router.policy import Pipeline, PipelinePolicy, RouteInputs
 from sglang_pdd.router.stitch import Delta, Stitcher, StitchError
@@ -36,11 +36,21 @@ class RequestFailed(RuntimeError):
         self.status = status
 
 
+ROLES = ("prefill", "relay", "main")
+
+
 @dataclass
 class DispatchConfig:
     pipeline: str = "auto"
     request_timeout_s: float = 600.0
     bandwidth_poll_s: float = 2.0  # read P's completed-transfer counters this often (0: never)
+    # Longest wait for a role's next chunk (P: for its one reply). MD's first chunk comes only after
+    # its KV landed and it took over from RLD, so its deadline must outlast the handoff timeout.
+    idle_timeout_s: dict[str, float] = field(default_factory=lambda: {"prefill": 600.0, "relay": 120.0,
+                                                                       "main": 180.0})
+
+    def idle(self, role: str) -> float:
+        return min(self.idle_timeout_s.get(role, self.request_timeout_s), self.request_timeout_s)
 
 
 @dataclass
@@ -113,7 +123,9 @@ class Dispatcher:
     # -- one request ----------------------------------------------------------------------------
     async def generate(self, input_ids: list[int], sampling_params: dict, extra: dict,
                        outcome: Outcome, pipeline: str | None = None) -> AsyncIterator[Delta]:
-        """`pipeline` (auto, relay, direct) overrides --pipeline for this request."""
+        """`pipeline` (auto, relay, direct) overrides --pipeline for this request. Whatever PDD
+        parameters the client put in `sampling_params` are dropped: the router sets its own."""
+        sampling_params = admission.without_internal(sampling_params)
         p, md = self.prefill.pick(), self.main.pick()
         pipeline, why = self.choose(input_ids, int(sampling_params.get("max_new_tokens") or 128), md, outcome,
                                     mode=pipeline)
@@ -138,12 +150,14 @@ class Dispatcher:
             calls.append(("prefill", p, to_p))
             calls.append(("relay", rld, {**base, "bootstrap_room": room, "rid": rid + "-r"}))
         queues = {name: asyncio.Queue() for name, _, _ in calls if name != "prefill"}
-        tasks = [asyncio.create_task(self._run(name, peer, body, queues.get(name))) for name, peer, body in calls]
+        # P's failure ends the request too: without P's KV no role can go on
+        tasks = [asyncio.create_task(self._run(name, peer, body, [queues[name]] if name in queues else list(queues.values())))
+                 for name, peer, body in calls]
         stitcher = Stitcher(self.decode) if rld is not None else Stitcher(self.decode).direct()
         lp: list = []
         try:
             if rld is not None:
-                async for d in self._drain(queues["relay"], stitcher.feed_relay, lp):
+                async for d in self._drain("relay", queues["relay"], stitcher.feed_relay, lp):
                     yield d
                 if stitcher.done:  # the relay finished the request itself
                     outcome.output_logprobs = lp or None
@@ -154,7 +168,7 @@ class Dispatcher:
                         self.views[md.url].insert(list(input_ids))  # MD gets the prompt, not RLD's output
                     return
                 outcome.handoff_k, outcome.handoff_mode = stitcher.handoff_k, stitcher.handoff_mode
-            async for d in self._drain(queues["main"], stitcher.feed_main, lp):
+            async for d in self._drain("main", queues["main"], stitcher.feed_main, lp):
                 yield d
             outcome.output_logprobs = lp or None
             self.views[md.url].insert(list(input_ids) + stitcher.ids)
@@ -174,33 +188,45 @@ class Dispatcher:
             self._background.add(t)
             t.add_done_callback(self._background.discard)
 
-    async def _run(self, role: str, peer: Peer, body: dict, q: asyncio.Queue | None) -> None:
+    async def _run(self, role: str, peer: Peer, body: dict, to: list[asyncio.Queue]) -> None:
+        """One role's copy: its chunks go to its queue; however it fails, the failure goes to every
+        queue in `to`, so that whoever drains one ends the client's request instead of waiting."""
         peer.in_flight += 1
         try:
-            if q is None:  # P answers once its KV went out; its reply carries nothing the client sees
-                await upstream.post_json(self.session, role, peer.url, "/generate", body, self.cfg.request_timeout_s)
+            if role == "prefill":  # P answers once its KV went out; its reply carries nothing the client sees
+                await upstream.post_json(self.session, role, peer.url, "/generate", body,
+                                         self.cfg.idle(role))
                 return
             async for chunk in upstream.stream_generate(self.session, role, peer.url, body, self.cfg.request_timeout_s):
-                await q.put(chunk)
-        except upstream.UpstreamError as e:
-            if q is not None:
-                await q.put(e)
+                await to[0].put(chunk)
+        except Exception as e:
+            if isinstance(e, upstream.UpstreamError):
+                logger.info("%s copy of %s ended with %s", role, body.get("rid"), e)
             else:
-                logger.info("prefill copy of %s ended with %s", body.get("rid"), e)
+                logger.exception("%s copy of %s failed", role, body.get("rid"))
+            for q in to:
+                q.put_nowait(e)
         finally:
             peer.in_flight -= 1
 
-    async def _drain(self, q: asyncio.Queue, feed, lp: list) -> AsyncIterator[Delta]:
+    async def _drain(self, role: str, q: asyncio.Queue, feed, lp: list) -> AsyncIterator[Delta]:
+        idle = self.cfg.idle(role)
         while True:
-            item = await q.get()
-            if isinstance(item, upstream.UpstreamError):
-                raise RequestFailed(str(item), status=502 if item.status is None or item.status >= 500 else item.status)
+            try:  # a chunk already waiting needs no timer (wait_for costs a task per call)
+                item = q.get_nowait() if not q.empty() else await asyncio.wait_for(q.get(), idle)
+            except TimeoutError:
+                raise RequestFailed(f"{role}: no output for {idle:g}s", status=504) from None
+            if isinstance(item, Exception):
+                raise _failure(item)
             meta = item.get("meta_info") or {}
             reason = meta.get("finish_reason")
             try:
-                delta = feed(list(item.get("output_ids") or []), reason)
+                delta = feed(item.get("output_ids") or [], reason)
             except StitchError as e:
                 raise RequestFailed(f"pdd stitching: {e}", status=502) from None
+            except (TypeError, ValueError, KeyError, AttributeError) as e:  # a chunk not shaped as sglang's
+                logger.warning("%s sent a malformed chunk: %r", role, e)
+                raise RequestFailed(f"{role}: a malformed stream chunk", status=502) from None
             got = meta.get("output_token_logprobs")
             if got:  # cumulative, aligned with output_ids; after the handoff MD's repeats t1..tk
                 lp.extend(got[len(lp):])
@@ -208,3 +234,11 @@ class Dispatcher:
                 yield delta
             if reason is not None:
                 return
+
+
+def _failure(e: Exception) -> RequestFailed:
+    """What the client hears of a role's failure: its 4xx as is, anything else 502; never a URL."""
+    if isinstance(e, upstream.UpstreamError):
+        status = e.status if e.status is not None and 400 <= e.status < 500 else 502
+        return RequestFailed(e.public, status=status)
+    return RequestFailed(f"internal error talking to an upstream server ({type(e).__name__})", status=502)

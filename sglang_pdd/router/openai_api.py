@@ -11,6 +11,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from sglang_pdd.router.admission import BadRequest, ModelLimits, check_sampling
+
 SAMPLING_KEYS = {  # OpenAI name -> sglang sampling_params name
     "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
     "max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_tokens", "min_tokens": "min_new_tokens",
@@ -20,20 +22,18 @@ SAMPLING_KEYS = {  # OpenAI name -> sglang sampling_params name
 }
 
 
-class BadRequest(ValueError):
-    pass
-
-
-def sampling_params(req: dict, default_max_tokens: int) -> dict:
-    if int(req.get("n", 1) or 1) != 1:
+def sampling_params(req: dict, default_max_tokens: int, limits: ModelLimits = ModelLimits()) -> dict:
+    n = req.get("n", 1)
+    if n is not None and n != 1:
         raise BadRequest("n > 1 is not supported")
     sp = {dst: req[src] for src, dst in SAMPLING_KEYS.items() if req.get(src) is not None}
     sp.setdefault("max_new_tokens", default_max_tokens)
     if isinstance(sp.get("stop"), str):
         sp["stop"] = [sp["stop"]]
-    if not isinstance(sp["max_new_tokens"], int) or sp["max_new_tokens"] < 1:
+    mx = sp["max_new_tokens"]
+    if not isinstance(mx, int) or isinstance(mx, bool) or mx < 1:
         raise BadRequest("max_tokens must be a positive integer")
-    return sp
+    return check_sampling(sp, limits, name="the request")
 
 
 def prompt_ids(tokenizer, req: dict, chat: bool) -> list[int]:

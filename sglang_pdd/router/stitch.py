@@ -8,7 +8,9 @@ reaches the client. sglang streams cumulative `output_ids`; both feeds take thos
 
 Text is decoded here from the stitched token IDs (not taken from either server), so a multi-byte
 character whose bytes straddle the handoff comes out whole: text that ends in an incomplete
-character is held back until the next token completes it, or until the end.
+character is held back until the next token completes it, or until the end. Decoding is incremental,
+with the offsets of sglang's detokenizer (`IncrementalText`): each chunk decodes a window of the last
+tokens, not the whole output (that was O(n^2) router CPU per request).
 """
 
 from __future__ import annotations
@@ -32,14 +34,45 @@ class Delta:
 
 
 @dataclass
+class IncrementalText:
+    """sglang's incremental detokenization (`DetokenizerManager`): the text of the tokens from
+    `read` on is decode(ids[surr:]) minus decode(ids[surr:read]), the tokens before `read` serving
+    as context (a tokenizer may decode a token differently at the start of a sequence). The offsets
+    move on only once the new text is complete; until then its complete prefix is sent and
+    remembered (`pending`), so nothing is sent twice."""
+
+    decode: Callable[[list[int]], str]
+    surr: int = 0
+    read: int = 0
+    pending: str = ""  # sent, not committed: the complete prefix of the uncommitted window's text
+
+    def push(self, ids: list[int], final: bool) -> str:
+        surr_text = self.decode(ids[self.surr:self.read])
+        new = self.decode(ids[self.surr:])[len(surr_text):]
+        if not new.startswith(self.pending):
+            raise StitchError("decoded text is not an extension of what was sent")
+        out = new[len(self.pending):]
+        if final or (new and not new.endswith(REPLACEMENT)):
+            self.surr, self.read, self.pending = self.read, len(ids), ""
+            return out
+        out = out.rstrip(REPLACEMENT)  # an incomplete character: wait for the rest of its bytes
+        self.pending += out
+        return out
+
+
+@dataclass
 class Stitcher:
     decode: Callable[[list[int]], str]
     ids: list[int] = field(default_factory=list)
-    text: str = ""
     handoff_k: int | None = None
     handoff_mode: str | None = None  # one-shot or catch-up, as the relay reported it
     finish_reason: dict | None = None
     source: str = "relay"  # which stream feeds the client now
+    _main_checked: bool = False
+    _text: IncrementalText | None = None
+
+    def __post_init__(self) -> None:
+        self._text = IncrementalText(self.decode)
 
     @property
     def done(self) -> bool:
@@ -61,8 +94,10 @@ class Stitcher:
         """MD's cumulative output. Before the handoff (direct P->MD pipeline) it is the only source."""
         if self.source == "relay" and self.handoff_k is None:
             raise StitchError("main output before the relay handed off")
-        if self.handoff_k is not None and output_ids[: self.handoff_k] != self.ids[: self.handoff_k]:
-            raise StitchError("main's eager tokens differ from what the relay streamed")
+        if not self._main_checked and self.handoff_k:  # once: MD's first chunk repeats t1..tk
+            if output_ids[: self.handoff_k] != self.ids[: self.handoff_k]:
+                raise StitchError("main's eager tokens differ from what the relay streamed")
+            self._main_checked = True
         return self._advance(output_ids, finish_reason)
 
     def direct(self) -> "Stitcher":
@@ -76,12 +111,7 @@ class Stitcher:
         new = [int(t) for t in output_ids[len(self.ids):]]
         self.ids.extend(new)
         final = finish_reason is not None
-        full = self.decode(self.ids)
-        if not final:
-            full = full.rstrip(REPLACEMENT)  # an incomplete character: wait for the rest of its bytes
-        if not full.startswith(self.text):
-            raise StitchError("decoded text is not an extension of what was sent")
-        text, self.text = full[len(self.text):], full
+        text = self._text.push(self.ids, final) if new or final else ""
         if final:
             self.finish_reason = finish_reason
         return Delta(new, text, finish_reason)

@@ -267,6 +267,35 @@ def test_bad_requests_get_clear_errors_and_the_router_keeps_serving(router, refe
     assert http_json(url + "/generate", {"input_ids": [], "sampling_params": {}})[0] == 400
     assert http_json(url + "/v1/completions", {"prompt": "x", "n": 2})[0] == 400
     assert http_json(url + "/v1/chat/completions", {"messages": "hi"})[0] == 400
-    status, body = http_json(url + "/generate", greedy_body([5, 10 ** 7], 4))
-    assert status >= 400 and "vocabulary" in json.dumps(body)
+    ok = prompts.ids(50, seed=141)
+    # issue 14 item 6: client errors are 400 with a message, never a 502 from a role
+    for path, body, match in [
+        ("/generate", greedy_body([5, 10 ** 7], 4), "vocabulary"),
+        ("/v1/completions", {"prompt": [5, 10 ** 7], "max_tokens": 4}, "vocabulary"),
+        ("/generate", greedy_body(ok, -1), "max_new_tokens"),
+        ("/generate", {**greedy_body(ok, 4), "sampling_params": "fast"}, "sampling_params"),
+        ("/generate", greedy_body(ok, 4, temperature=-1), "temperature"),
+        ("/generate", greedy_body(list(ok) * 700, 4), "context length"),  # 35000 tokens > 32768
+        ("/v1/completions", {"prompt": ok, "max_tokens": 40000}, "context length"),
+    ]:
+        status, out = http_json(url + path, body)
+        assert status == 400 and match in json.dumps(out), (path, status, out)
+        assert "127.0.0.1" not in json.dumps(out)
     check_generate(router, reference_server, prompts.ids(50, seed=140), "relay", stream=False, n=16)
+
+
+@pytest.mark.parametrize("pipeline", ["direct", "relay"])
+def test_client_pdd_params_are_dropped_and_md_keeps_serving(router, reference_server, prompts, pipeline):
+    """issue 14 item 1's probe: a client's relay "tcp://nohost" (and main_room, bootstrap keys) once
+    reached MD on the P->MD path and killed its scheduler."""
+    ids = prompts.ids(300, seed=160)
+    ref = identity.reference(reference_server.url, ids, 24)
+    body = greedy_body(ids, 24, custom_params={"pdd": {"v": 1, "relay": "tcp://nohost", "relay_room": 5,
+                                                       "main_room": 7}})
+    body.update(bootstrap_host="10.255.255.1", bootstrap_room=5, rid="client-rid")
+    status, out = http_json(router[pipeline].url + "/generate", body, timeout=120)
+    assert status == 200, out
+    identity.check(ref, out["output_ids"], f"{pipeline} with client pdd params")
+    assert router["main"].alive()
+    ids2 = prompts.ids(60, seed=161)
+    check_generate(router, reference_server, ids2, pipeline, stream=False, n=8)

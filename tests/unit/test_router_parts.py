@@ -1,6 +1,5 @@
 import pytest
 
-from sglang_pdd.cache.prefix_view import PrefixView
 from sglang_pdd.router import openai_api as oa
 from sglang_pdd.router.__main__ import _peer_args, build_parser
 from sglang_pdd.router.peers import Peer, PeerPool
@@ -55,14 +54,6 @@ def test_stop_trim_without_stops_passes_text_through():
     assert t.push("ab", None) == "ab" and t.push("c", {"type": "length"}) == "c"
 
 
-def test_prefix_view_matches_page_granular_prefixes_and_forgets_oldest():
-    v = PrefixView(page_size=2, max_tokens=10)
-    v.insert([1, 2, 3, 4, 5])
-    assert v.match([1, 2, 3, 4, 9]) == 4 and v.match([1, 2, 3]) == 2 and v.match([7]) == 0
-    v.insert([7, 8, 9, 10, 11, 12])  # over the token bound: the first sequence goes
-    assert v.match([1, 2]) == 0 and v.match([7, 8, 9, 10, 11, 12]) == 6
-
-
 def test_peer_pools_pick_least_loaded_or_round_robin():
     a, b = Peer("http://a:1"), Peer("http://b:1")
     a.in_flight = 3
@@ -83,3 +74,10 @@ def test_router_cli_peers():
         _peer_args([["http://r:2"]], "relay", None, "--relay")
     with pytest.raises(SystemExit, match="expected URL"):
         _peer_args([["r:2"]], "prefill", 8998, "--prefill")
+
+
+def test_router_cli_deadlines_and_limits():
+    args = build_parser().parse_args(["--prefill", "http://p:1", "--main", "http://m:3", "--tokenizer", "x",
+                                      "--main-idle-timeout", "90", "--context-length", "4096", "--max-body-mb", "8"])
+    assert (args.prefill_idle_timeout, args.relay_idle_timeout, args.main_idle_timeout) == (600.0, 120.0, 90.0)
+    assert args.context_length == 4096 and args.max_body_mb == 8.0

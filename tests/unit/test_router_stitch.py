@@ -56,3 +56,41 @@ def test_inconsistent_streams_are_errors_not_garbage(feeds, match):
     with pytest.raises(StitchError, match=match):
         for which, ids, fin in feeds:
             (s.feed_relay if which == "relay" else s.feed_main)(ids, fin)
+
+
+def test_text_is_decoded_incrementally_not_the_whole_output_per_chunk():
+    """issue 14 item 4: re-decoding the whole output on every chunk was O(n^2) router CPU."""
+    decoded = []
+
+    def counting(ids):
+        decoded.append(len(ids))
+        return byte_decode(ids)
+
+    n = 4000
+    s = Stitcher(counting).direct()
+    text = "".join(s.feed_main([97 + i % 26 for i in range(j + 1)], LENGTH if j == n - 1 else None).text
+                   for j in range(n))
+    assert text == "".join(chr(97 + i % 26) for i in range(n))
+    assert sum(decoded) <= 6 * n  # a window of a few tokens per chunk (the old way: n^2 / 2)
+
+
+def test_incremental_text_equals_the_whole_decode_for_any_chunking():
+    import random
+
+    rng = random.Random(3)
+    for _ in range(200):
+        text = "".join(rng.choice(["a", "é", "€", "𝄞", " ", "z"]) for _ in range(rng.randrange(1, 40)))
+        ids = list(text.encode())
+        k = rng.randrange(0, len(ids) + 1)
+        s = Stitcher(byte_decode)
+        cuts = sorted(set(rng.sample(range(1, len(ids) + 1), min(len(ids), rng.randrange(1, 8)))) | {len(ids)})
+        out, relay_done = [], k == 0
+        if k:
+            rc = sorted({c for c in cuts if c < k} | {k})
+            for c in rc:
+                out.append(s.feed_relay(ids[:c], HANDOFF(k) if c == k else None).text)
+        else:
+            s.direct()
+        for c in (c for c in cuts if c > k or (k == len(ids) and c == k)):
+            out.append(s.feed_main(ids[:c], LENGTH if c == len(ids) else None).text)
+        assert "".join(out) == text, (text, k, cuts)

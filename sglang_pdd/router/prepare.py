@@ -1,0 +1,113 @@
+"""A client's body, turned into what the dispatcher sends (prompt token IDs, checked sampling
+parameters) off the router's event loop.
+
+Bodies may be up to the router's limit (64 MiB by default): parsing and tokenizing one of those
+takes seconds, which on the loop would stall every stream the router serves. Both run here in a
+few worker threads, each with its own copy of the tokenizer (a fast tokenizer is not safe to share
+between threads), so that one huge prompt does not hold up everyone else's. A text whose length
+alone proves it longer than the model's context is refused before it is tokenized.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from sglang_pdd.router import openai_api as oa
+from sglang_pdd.router.admission import BadRequest, ModelLimits, check_prompt, check_sampling
+
+
+@dataclass
+class Prepared:
+    body: dict  # the client's body as parsed (for the router's own keys: stream, pdd_pipeline, ...)
+    ids: list[int]
+    sampling_params: dict
+
+
+def longest_token_chars(tokenizer) -> int | None:
+    """The most characters one token's text can have (a bound for "this text has at least N tokens")."""
+    try:
+        vocab = tokenizer.get_vocab()
+    except Exception:  # a tokenizer without a vocabulary listing: no bound
+        return None
+    return max((len(t) for t in vocab), default=0) or None
+
+
+class Preparer:
+    def __init__(self, tokenizer, limits: ModelLimits, default_max_tokens: int, workers: int = 4):
+        self._tok, self.limits, self.default_max_tokens = tokenizer, limits, default_max_tokens
+        self._local = threading.local()
+        longest = longest_token_chars(tokenizer) if limits.context_len else None
+        # margin 4: normalizers may drop characters, so a token can stand for more than its text
+        self.max_text_chars = limits.context_len * longest * 4 if longest else None
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pdd-router-tokenize")
+
+    @property
+    def tok(self):
+        """This worker thread's own copy of the tokenizer."""
+        tok = getattr(self._local, "tok", None)
+        if tok is None:
+            tok = self._local.tok = copy.deepcopy(self._tok)
+        return tok
+
+    async def run(self, kind: str, raw: bytes) -> Prepared:
+        """kind: generate (sglang-native), completions or chat (OpenAI). Raises BadRequest."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self.prepare, kind, raw)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- in the worker thread ----------------------------------------------------------------
+    def prepare(self, kind: str, raw: bytes) -> Prepared:
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            raise BadRequest("the body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise BadRequest("the body must be a JSON object")
+        if kind == "generate":
+            sp = body.get("sampling_params")
+            sp = dict(check_sampling({} if sp is None else sp, self.limits))
+            if sp.get("max_new_tokens") is None:
+                sp["max_new_tokens"] = self.default_max_tokens
+            ids = body.get("input_ids")
+            if ids is None:
+                text = body.get("text")
+                if not isinstance(text, str) or not text:
+                    raise BadRequest("send non-empty text or input_ids")
+                ids = self._encode(text)
+            if not isinstance(ids, list) or not ids:
+                raise BadRequest("input_ids must be a non-empty list of token ids (one prompt per request)")
+        else:
+            sp = oa.sampling_params(body, self.default_max_tokens, self.limits)
+            ids = self._openai_prompt(body, chat=kind == "chat")
+        check_prompt(ids, sp["max_new_tokens"], self.limits)
+        return Prepared(body, ids, sp)
+
+    def _check_text(self, text: str) -> None:
+        if self.max_text_chars is not None and len(text) > self.max_text_chars:
+            raise BadRequest(f"the prompt ({len(text)} characters) is longer than the model's context length "
+                             f"({self.limits.context_len} tokens)")
+
+    def _encode(self, text: str) -> list[int]:
+        self._check_text(text)
+        return self.tok.encode(text, add_special_tokens=False)
+
+    def _openai_prompt(self, body: dict, chat: bool) -> list[int]:
+        if chat:
+            msgs = body.get("messages")
+            if isinstance(msgs, list):
+                self._check_text("".join(m.get("content") or "" if isinstance(m, dict) and isinstance(
+                    m.get("content"), str) else "" for m in msgs))
+        elif isinstance(body.get("prompt"), str):
+            self._check_text(body["prompt"])
+        try:
+            return oa.prompt_ids(self.tok, body, chat)
+        except BadRequest:
+            raise
+        except Exception as e:  # a chat template that cannot render these messages
+            raise BadRequest(f"cannot build the prompt: {e}") from None

@@ -1,0 +1,192 @@
+"""Fake sglang servers for the PDD router (no sglang, no model): the router's unit tests and its
+benchmark (`bench.router_bench`) put them behind a real `Dispatcher` and `RouterApp`.
+
+Each `FakeRole` answers `/generate` as its role does in sglang, the wire format included: P answers
+one JSON reply; RLD and MD stream SSE lines of cumulative `output_ids` (and logprobs when asked),
+RLD ending with the `pdd_handoff` finish after `handoff_k` tokens, MD starting over at t1. Output
+token i of any request is `token(i)`. `behaviour` replaces the normal answer for one test (a hang, an
+error, a broken stream, ...). Every body and every abort is recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+
+from aiohttp import web
+
+from sglang_pdd.router.admission import ModelLimits
+from sglang_pdd.router.peers import Peer, PeerPool
+
+
+def token(i: int) -> int:
+    return 97 + i % 26  # 'a'..'z' for a tokenizer whose token t is chr(t)
+
+
+class CharTokenizer:
+    """Token t is the character chr(t) (what the fakes' token() streams decodes to letters)."""
+
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) for c in text]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(map(chr, ids))
+
+    def apply_chat_template(self, msgs, add_generation_prompt, tokenize):
+        return [ord(c) for m in msgs for c in m["content"]]
+
+    def get_vocab(self):
+        return {chr(i): i for i in range(32, 1024)}
+
+
+def _sse(obj) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def chunk(ids: list[int], reason: dict | None, logprobs: bool, **meta) -> dict:
+    m = {"finish_reason": reason, **meta}
+    if logprobs:
+        m["output_token_logprobs"] = [[-0.123456789012345 - i * 1e-9, t, None] for i, t in enumerate(ids)]
+    return {"text": "", "output_ids": ids, "meta_info": m}
+
+
+@dataclass
+class FakeRole:
+    role: str  # prefill, relay, main
+    handoff_k: int = 4  # relay: tokens before it hands off (0: it never hands off)
+    every: int = 1  # tokens per streamed chunk (sglang's stream_interval)
+    behaviour: Callable[[web.Request, dict], Awaitable[web.StreamResponse]] | None = None
+    bodies: list[dict] = field(default_factory=list)
+    aborts: list[str] = field(default_factory=list)
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=1 << 30)
+        app.add_routes([web.post("/generate", self.generate), web.post("/abort_request", self.abort),
+                        web.get("/health", self.health)])
+        return app
+
+    async def health(self, _request):
+        return web.Response(text="ok")
+
+    async def abort(self, request):
+        self.aborts.append((await request.json()).get("rid"))
+        return web.json_response({})
+
+    async def generate(self, request):
+        body = await request.json()
+        self.bodies.append(body)
+        if self.behaviour is not None:
+            return await self.behaviour(request, body)
+        if self.role == "prefill":
+            return web.json_response({"text": "", "output_ids": [token(0)],
+                                      "meta_info": {"finish_reason": {"type": "length", "length": 1}}})
+        n = (body.get("sampling_params") or {}).get("max_new_tokens", 128)
+        lp = bool(body.get("return_logprob"))
+        ids = [token(i) for i in range(n)]
+        if self.role == "relay" and 0 < self.handoff_k < n:
+            ends = {self.handoff_k: {"type": "pdd_handoff", "handoff_tokens": self.handoff_k, "mode": "one-shot"}}
+            n = self.handoff_k
+        else:
+            ends = {n: {"type": "length", "length": n}}
+        resp = await start_stream(request)
+        cuts = list(range(self.every, n, self.every)) + [n]
+        start = self.handoff_k if self.role == "main" and body.get("sampling_params", {}).get(
+            "custom_params") else 0  # MD after a handoff: its first chunk already holds t1..tk
+        for c in cuts:
+            if c < start:
+                continue
+            await resp.write(_sse(chunk(ids[:c], ends.get(c), lp)))
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+
+async def start_stream(request) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    return resp
+
+
+# -- behaviours for one test --------------------------------------------------------------------
+def status(code: int, message: str):
+    async def answer(request, body):
+        return web.json_response({"error": {"message": message, "code": code}}, status=code)
+    return answer
+
+
+def stream_then(chunks: list[dict], then: str = "end", error: dict | None = None):
+    """Stream `chunks`, then: end (close without [DONE] or finish), hang (never answer again),
+    error (an sglang error object inside the 200 stream), garbage (a line that is not JSON)."""
+    async def answer(request, body):
+        resp = await start_stream(request)
+        for c in chunks:
+            await resp.write(_sse(c))
+        if then == "hang":
+            await asyncio.Event().wait()
+        elif then == "error":
+            await resp.write(_sse({"error": error}))
+            await resp.write(b"data: [DONE]\n\n")
+        elif then == "garbage":
+            await resp.write(b"data: {not json\n\n")
+        return resp
+    return answer
+
+
+def hang():
+    async def answer(request, body):
+        await asyncio.Event().wait()
+    return answer
+
+
+@dataclass
+class FakeCluster:
+    """One fake P, RLD and MD on aiohttp test servers; `pools()` gives the router's peer pools."""
+
+    prefill: FakeRole = field(default_factory=lambda: FakeRole("prefill"))
+    relay: FakeRole = field(default_factory=lambda: FakeRole("relay"))
+    main: FakeRole = field(default_factory=lambda: FakeRole("main"))
+    servers: list = field(default_factory=list)
+
+    async def __aenter__(self) -> "FakeCluster":
+        from aiohttp.test_utils import TestServer
+
+        for r in (self.prefill, self.relay, self.main):
+            s = TestServer(r.app())
+            await s.start_server()
+            self.servers.append(s)
+        self.urls = [str(s.make_url("")).rstrip("/") for s in self.servers]
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        for s in self.servers:
+            await s.close()
+
+    def url(self, i: int) -> str:
+        return self.urls[i]
+
+    def pools(self) -> tuple[PeerPool, PeerPool, PeerPool]:
+        host = self.servers[1].host
+        return (PeerPool("prefill", [Peer(self.url(0), bootstrap_port=1)]),
+                PeerPool("relay", [Peer(self.url(1), token_channel=f"tcp://{host}:1")]),
+                PeerPool("main", [Peer(self.url(2))]))
+
+
+@contextlib.asynccontextmanager
+async def router_client(cluster: FakeCluster, pipeline: str = "direct", idle_s: float = 30.0,
+                        limits: ModelLimits = ModelLimits(vocab_size=1024, context_len=1 << 16),
+                        tokenizer=None, max_body_bytes: int = 64 << 20):
+    """A test client on a real router (Dispatcher + RouterApp) in front of `cluster`."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from sglang_pdd.router.app import RouterApp
+    from sglang_pdd.router.dispatch import DispatchConfig, Dispatcher
+
+    tok = tokenizer or CharTokenizer()
+    cfg = DispatchConfig(pipeline, request_timeout_s=max(60.0, idle_s), bandwidth_poll_s=0,
+                         idle_timeout_s={r: idle_s for r in ("prefill", "relay", "main")})
+    d = Dispatcher(*cluster.pools(), cfg, decode=lambda ids: tok.decode(ids, skip_special_tokens=True))
+    app = RouterApp(d, tok, "fake", limits=limits, max_body_bytes=max_body_bytes)
+    async with TestClient(TestServer(app.app)) as client:
+        yield client

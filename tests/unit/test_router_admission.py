@@ -1,0 +1,189 @@
+"""What a client may send the router (issue 14 items 1 and 6), over its HTTP front with fake roles:
+the router owns `custom_params.pdd`; a client error is a 4xx with a message and reaches no role; an
+upstream 4xx (also one sglang reports inside a 200 stream) stays a 4xx; no message names an internal URL."""
+
+import asyncio
+
+import pytest
+
+from sglang_pdd.router.admission import ModelLimits
+from sglang_pdd.testing import fake_upstream as fu
+
+LIMITS = ModelLimits(vocab_size=1024, context_len=64)
+
+
+def run(coro, guard_s: float = 30.0):
+    """Run one scenario; a hang (the bug these tests pin) fails instead of blocking the suite."""
+    return asyncio.run(asyncio.wait_for(coro, guard_s))
+
+
+async def _post(cluster, path, body, pipeline="direct", limits=LIMITS, **kw):
+    async with fu.router_client(cluster, pipeline=pipeline, limits=limits, **kw) as c:
+        r = await c.post(path, json=body) if not isinstance(body, bytes) else await c.post(path, data=body)
+        text = await r.text()
+        return r.status, text
+
+
+CLIENT_PDD = {"v": 1, "relay": "tcp://nohost", "relay_room": 5, "main_room": 7}
+
+
+@pytest.mark.parametrize("pipeline", ["direct", "relay"])
+def test_client_pdd_params_and_bootstrap_keys_never_reach_a_role(pipeline):
+    body = {"input_ids": [5, 6, 7], "bootstrap_host": "10.9.9.9", "bootstrap_room": 42, "rid": "mine",
+            "sampling_params": {"max_new_tokens": 8, "custom_params": {"pdd": CLIENT_PDD, "mine": 1}}}
+
+    async def go():
+        async with fu.FakeCluster() as cl:
+            status, _ = await _post(cl, "/generate", body, pipeline=pipeline)
+            return status, cl
+
+    status, cl = run(go())
+    assert status == 200
+    roles = {r.role: r.bodies[0] for r in (cl.prefill, cl.relay, cl.main) if r.bodies}
+    assert set(roles) == ({"prefill", "main"} if pipeline == "direct" else {"prefill", "relay", "main"})
+    for role, b in roles.items():
+        assert b["bootstrap_host"] != "10.9.9.9" and b["bootstrap_room"] != 42 and b["rid"] != "mine"
+        custom = b["sampling_params"]["custom_params"]
+        assert custom["mine"] == 1  # the client's own custom params pass
+        pdd = custom.get("pdd")
+        if pipeline == "direct" or role == "relay":
+            assert pdd is None, (role, pdd)
+        elif role == "main":
+            assert pdd["relay"] != "tcp://nohost" and pdd["relay_room"] == roles["prefill"]["bootstrap_room"]
+        else:
+            assert pdd == {"v": 1, "main_room": roles["main"]["bootstrap_room"]}
+
+
+def test_openai_bodies_cannot_carry_pdd_params():
+    body = {"prompt": "abc", "max_tokens": 4, "custom_params": {"pdd": CLIENT_PDD},
+            "sampling_params": {"custom_params": {"pdd": CLIENT_PDD}}, "bootstrap_room": 42}
+
+    async def go():
+        async with fu.FakeCluster() as cl:
+            out = [await _post(cl, path, {**body, "messages": [{"role": "user", "content": "abc"}]})
+                   for path in ("/v1/completions", "/v1/chat/completions")]
+            return out, cl
+
+    out, cl = run(go())
+    assert [s for s, _ in out] == [200, 200]
+    for b in cl.prefill.bodies + cl.main.bodies:
+        assert "custom_params" not in b["sampling_params"] and b["bootstrap_room"] != 42
+
+
+GOOD = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4}}
+
+
+def sp(**kw):
+    return {**GOOD, "sampling_params": kw}
+
+
+@pytest.mark.parametrize("path, body, match", [
+    ("/generate", {**GOOD, "sampling_params": "fast"}, "sampling_params must be a JSON object"),
+    ("/generate", {**GOOD, "sampling_params": [1]}, "sampling_params must be a JSON object"),
+    ("/generate", sp(max_new_tokens="abc"), "max_new_tokens must be a positive integer"),
+    ("/generate", sp(max_new_tokens=-1), "max_new_tokens must be a positive integer"),
+    ("/generate", sp(max_new_tokens=2.5), "max_new_tokens must be a positive integer"),
+    ("/generate", sp(temperature=-1), "temperature"),
+    ("/generate", sp(temperature="hot"), "temperature"),
+    ("/generate", sp(top_p=0), "top_p"),
+    ("/generate", sp(top_k=0), "top_k"),
+    ("/generate", sp(stop_token_ids=[5000]), "outside the model's vocabulary"),
+    ("/generate", sp(max_tokens=3), "unknown key 'max_tokens'"),
+    ("/generate", sp(custom_params="x"), "custom_params must be a JSON object"),
+    ("/generate", {"input_ids": [5, 10 ** 7]}, "token id 10000000 is outside the model's vocabulary"),
+    ("/generate", {"input_ids": [-1, 5]}, "token id -1 is outside"),
+    ("/generate", {"input_ids": ["a"]}, "input_ids must be integers"),
+    ("/generate", {"input_ids": list(range(64))}, "longer than the model's context length (64 tokens)"),
+    ("/generate", {"input_ids": list(range(32)), "sampling_params": {"max_new_tokens": 40}}, "exceed the model's context"),
+    ("/generate", {"text": "x" * 100}, "longer than the model's context"),
+    ("/generate", {"text": "x" * 10 ** 6}, "1000000 characters) is longer than the model's context"),
+    ("/generate", {"text": 5}, "non-empty text or input_ids"),
+    ("/v1/completions", {"prompt": "ab", "temperature": -0.5}, "temperature"),
+    ("/v1/completions", {"prompt": "ab", "max_tokens": "9"}, "max_tokens must be a positive integer"),
+    ("/v1/completions", {"prompt": "ab", "max_tokens": 100}, "exceed the model's context"),
+    ("/v1/completions", {"prompt": [5, 10 ** 7]}, "outside the model's vocabulary"),
+    ("/v1/completions", {"prompt": "ab", "n": "two"}, "n > 1"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 80}]}, "context length"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "top_p": 2}, "top_p"),
+])
+def test_client_errors_are_400_with_a_message_and_reach_no_role(path, body, match):
+    async def go():
+        async with fu.FakeCluster() as cl:
+            return await _post(cl, path, body), cl
+
+    (status, text), cl = run(go())
+    assert status == 400, text
+    assert match in text
+    assert not (cl.prefill.bodies or cl.relay.bodies or cl.main.bodies)
+
+
+def test_a_null_max_new_tokens_takes_the_default():
+    async def go():
+        async with fu.FakeCluster() as cl:
+            return await _post(cl, "/generate", {"input_ids": [5], "sampling_params": {"max_new_tokens": None}},
+                               limits=ModelLimits(vocab_size=1024, context_len=4096)), cl
+
+    (status, text), cl = run(go())
+    assert status == 200 and cl.main.bodies[0]["sampling_params"]["max_new_tokens"] == 128
+
+
+def test_an_oversized_body_is_413_with_a_message():
+    async def go():
+        async with fu.FakeCluster() as cl:
+            return await _post(cl, "/generate", {"input_ids": [5] * 1000}, max_body_bytes=1000)
+
+    status, text = run(go())
+    assert status == 413 and "over the router's limit of 1000 bytes" in text
+
+
+def _no_url(text: str, cl) -> None:
+    for s in cl.servers:
+        assert f":{s.port}" not in text, text
+    assert "127.0.0.1" not in text, text
+
+
+@pytest.mark.parametrize("where", ["main", "prefill"])
+def test_an_upstream_4xx_stays_a_4xx_without_the_upstream_url(where):
+    async def go():
+        async with fu.FakeCluster() as cl:
+            getattr(cl, where).behaviour = fu.status(400, "max_new_tokens must be at least 0")
+            if where == "prefill":
+                cl.main.behaviour = fu.hang()  # MD waits for KV that never comes, as it would
+            return await _post(cl, "/generate", GOOD), cl
+
+    (status, text), cl = run(go())
+    assert status == 400 and "max_new_tokens must be at least 0" in text and where in text
+    _no_url(text, cl)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("error", [
+    {"error": {"message": "Invalid regex", "type": "invalid_request_error", "code": 400}},
+    {"abort": {"type": "abort", "message": "prompt too long", "status_code": 400}},
+])
+def test_an_error_sglang_reports_inside_a_200_stream_keeps_its_status(stream, error):
+    if "abort" in error:
+        behaviour = fu.stream_then([fu.chunk([], error["abort"], False)])
+    else:
+        behaviour = fu.stream_then([], then="error", error=error["error"])
+
+    async def go():
+        async with fu.FakeCluster() as cl:
+            cl.main.behaviour = behaviour
+            return await _post(cl, "/generate", {**GOOD, "stream": stream}), cl
+
+    (status, text), cl = run(go())
+    assert status == 400, text
+    assert ("Invalid regex" if "error" in error else "prompt too long") in text
+    _no_url(text, cl)
+
+
+def test_an_unreachable_role_is_502_without_its_address():
+    async def go():
+        async with fu.FakeCluster() as cl:
+            await cl.servers[2].close()  # MD is gone
+            return await _post(cl, "/generate", GOOD), cl
+
+    (status, text), cl = run(go())
+    assert status == 502 and "main" in text
+    _no_url(text, cl)

@@ -1,0 +1,145 @@
+"""Every request through the router ends in bounded time (issue 14 item 2), over its HTTP front with
+fake roles: long cumulative lines pass, a broken or silent role ends the client's request with an
+error, and every role the request reached is told to abort."""
+
+import asyncio
+import json
+
+import pytest
+
+from sglang_pdd.testing import fake_upstream as fu
+
+
+def run(coro, guard_s: float = 30.0):
+    """A hang (the bug these tests pin) fails the test instead of blocking the suite."""
+    return asyncio.run(asyncio.wait_for(coro, guard_s))
+
+
+async def _post(cl, body, pipeline="direct", idle_s=30.0):
+    async with fu.router_client(cl, pipeline=pipeline, idle_s=idle_s) as c:
+        r = await c.post("/generate", json=body)
+        return r.status, await r.text()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("pipeline", ["direct", "relay"])
+def test_a_16k_token_output_with_logprobs_passes(stream, pipeline):
+    n = 16384
+    body = {"input_ids": [5, 6], "return_logprob": True, "stream": stream,
+            "sampling_params": {"max_new_tokens": n}}
+
+    async def go():
+        async with fu.FakeCluster(relay=fu.FakeRole("relay", handoff_k=4096, every=4096),
+                                  main=fu.FakeRole("main", every=4096)) as cl:
+            return await _post(cl, body, pipeline=pipeline)
+
+    status, text = run(go(), guard_s=120)
+    assert status == 200, text[:500]
+    if stream:
+        lines = [json.loads(l[5:]) for l in text.split("\n") if l.startswith("data:") and "[DONE]" not in l]
+        assert all("error" not in x for x in lines)
+        out = lines[-1]
+    else:
+        out = json.loads(text)
+    assert out["output_ids"] == [fu.token(i) for i in range(n)]
+    assert out["meta_info"]["finish_reason"]["type"] == "length"
+    if not stream:
+        assert len(out["meta_info"]["output_token_logprobs"]) == n
+
+
+@pytest.mark.parametrize("then, status, match", [
+    ("end", 502, "ended without a finish reason"),
+    ("garbage", 502, "not JSON"),
+    ("hang", 504, "main: no output for 0.5s"),
+])
+def test_a_broken_or_silent_stream_ends_the_request_with_an_error(then, status, match):
+    chunks = [fu.chunk([fu.token(0)], None, False)]
+
+    async def go():
+        async with fu.FakeCluster() as cl:
+            cl.main.behaviour = fu.stream_then(chunks, then=then)
+            return await _post(cl, {"input_ids": [5], "sampling_params": {"max_new_tokens": 8}}, idle_s=0.5), cl
+
+    (got, text), cl = run(go())
+    assert got == status and match in text, text
+    assert cl.main.aborts and cl.prefill.aborts  # every role was told to let go
+
+
+def test_a_silent_relay_ends_the_request_and_aborts_every_role():
+    async def go():
+        async with fu.FakeCluster() as cl:
+            cl.relay.behaviour = fu.hang()
+            cl.main.behaviour = fu.hang()
+            return await _post(cl, {"input_ids": [5], "sampling_params": {"max_new_tokens": 8}},
+                               pipeline="relay", idle_s=0.5), cl
+
+    (status, text), cl = run(go())
+    assert status == 504 and "relay: no output for 0.5s" in text
+    assert cl.relay.aborts and cl.main.aborts and cl.prefill.aborts
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_failing_prefill_ends_the_request_while_md_waits_for_its_kv(stream):
+    async def go():
+        async with fu.FakeCluster() as cl:
+            cl.prefill.behaviour = fu.status(503, "KV transfer failed")
+            cl.main.behaviour = fu.hang()
+            return await _post(cl, {"input_ids": [5], "stream": stream, "sampling_params": {"max_new_tokens": 8}}), cl
+
+    (status, text), cl = run(go())
+    assert status == 502 and "prefill" in text and "KV transfer failed" in text
+    assert cl.main.aborts
+
+
+def test_an_exception_in_a_role_task_ends_the_request(monkeypatch):
+    """Not an UpstreamError: a bug in the stream handling must still reach the client as an error."""
+    from sglang_pdd.router import upstream
+
+    async def broken(*a, **kw):
+        raise KeyError("surprise")
+        yield  # noqa: unreachable
+
+    monkeypatch.setattr(upstream, "stream_generate", broken)
+
+    async def go():
+        async with fu.FakeCluster() as cl:
+            return await _post(cl, {"input_ids": [5], "sampling_params": {"max_new_tokens": 8}}), cl
+
+    (status, text), cl = run(go())
+    assert status == 502 and "internal error" in text
+    assert "surprise" not in text
+
+
+def slow_stream(n: int = 10_000, every_s: float = 0.02):
+    """A role streaming one more token every `every_s` (cumulative, as sglang does) until cancelled."""
+    async def answer(request, body):
+        resp = await fu.start_stream(request)
+        for i in range(1, n):
+            await resp.write(fu._sse(fu.chunk([fu.token(j) for j in range(i)], None, False)))
+            await asyncio.sleep(every_s)
+        return resp
+    return answer
+
+
+@pytest.mark.parametrize("role", ["relay", "main"])
+@pytest.mark.parametrize("path", ["/generate", "/v1/completions"])
+def test_a_client_gone_mid_stream_aborts_every_role(path, role):
+    """The router notices the client left when a write fails (not only by cancellation): the roles are
+    told to abort at once, not when the request would have ended (found on real sglang: MD decoded
+    the rest of a 2000-token request nobody read)."""
+    body = ({"input_ids": [5, 6], "stream": True, "sampling_params": {"max_new_tokens": 9000}}
+            if path == "/generate" else {"prompt": [5, 6], "stream": True, "max_tokens": 9000})
+
+    async def go():
+        async with fu.FakeCluster() as cl:
+            getattr(cl, role).behaviour = slow_stream()
+            async with fu.router_client(cl, pipeline="relay" if role == "relay" else "direct") as c:
+                r = await c.post(path, json=body)
+                await r.content.readline()  # the first chunk arrived
+                r.close()  # walk away
+                while not getattr(cl, role).aborts:  # bounded by run()'s guard
+                    await asyncio.sleep(0.05)
+            return cl
+
+    cl = run(go(), guard_s=20)
+    assert cl.main.aborts and cl.prefill.aborts
