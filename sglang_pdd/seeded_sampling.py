@@ -23,7 +23,8 @@ def request_seed(req) -> int:
     seed = getattr(req.sampling_params, "sampling_seed", None)
     if seed is not None:
         return int(seed) & SEED_MASK
-    return zlib.crc32(str(req.rid).encode()) | (zlib.adler32(str(req.rid).encode()) << 32)
+    rid = str(req.rid).encode()
+    return (zlib.crc32(rid) | (zlib.adler32(rid) << 32)) & SEED_MASK  # an int64 tensor holds it
 
 
 def attach_seeds(info, reqs, device) -> None:
