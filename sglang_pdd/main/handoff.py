@@ -92,14 +92,20 @@ class MainHandoff:
         self.stats = MainStats()
 
     # -- what the scheduler hook calls -------------------------------------------------------
-    def admit(self, req: Any, params: RequestParams) -> None:
+    def admit(self, req: Any, params: RequestParams) -> str | None:
+        """Track a relayed request and send `Watch`; the error that ends it instead, if any."""
         key = (params.relay, params.relay_room)
+        if key in self.pending:
+            return f"pdd: relay room {params.relay_room} of {params.relay} is already being handed over"
         self.pending[key] = Pending(req, params.relay, params.relay_room, since=self.now(),
                                     mode=params.handoff or self.mode, chunk=params.chunk or self.chunk,
                                     drop_eager_kv=params.test_drop_eager_kv)
         self.by_rid[req.rid] = key
         self.stats.admitted += 1
-        self.channel.send(params.relay, Watch(room=params.relay_room))
+        if not self.channel.send(params.relay, Watch(room=params.relay_room)):
+            self._forget(key)
+            return f"pdd: cannot reach the relay {params.relay}"
+        return None
 
     def is_relayed(self, req: Any) -> bool:
         return req.rid in self.by_rid

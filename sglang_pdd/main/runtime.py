@@ -19,6 +19,7 @@ class MainRuntime:
     def __init__(self, scheduler, cfg: PddConfig, secret: bytes):
         self.scheduler = scheduler
         self.channel = MainChannel(secret, vocab_size=scheduler.model_config.vocab_size)
+        self.relays = cfg.relay_set
         self.handoff = MainHandoff(self.channel, timeout_s=cfg.handoff_timeout,
                                    keep_kv_when_relay_finishes=cfg.relay_finished_kv == "keep",
                                    mode=cfg.handoff_mode, chunk=cfg.catchup_chunk, gap=cfg.catchup_gap)
@@ -34,18 +35,35 @@ class MainRuntime:
 
     # -- admission --------------------------------------------------------------------------
     def admit(self, req: Any) -> None:
+        """A request sglang just queued. Its PDD parameters come from the client's body: a relay not
+        named by --pdd-relays, or any failure to take the request, ends that request, never the server."""
         try:
             params = parse(req.sampling_params.custom_params)
         except RequestParamsError as e:
-            from sglang.srt.disaggregation.utils import prepare_abort
-
-            req.to_finish = None
-            prepare_abort(req, str(e), status_code=400)
-            return
+            return self._refuse(req, str(e), status_code=400)
         if params is None or params.relay is None:
             return  # a plain P->MD request
-        self.handoff.admit(req, params)
-        self._register_sockets()
+        if params.relay not in self.relays:
+            return self._refuse(req, f"pdd: relay {params.relay!r} is not one of this server's --pdd-relays",
+                                status_code=400)
+        try:
+            error = self.handoff.admit(req, params)
+            self._register_sockets()
+        except Exception as e:  # whatever went wrong concerns this request only
+            logger.exception("request %s: cannot take the relayed request", req.rid)
+            self.handoff.drop(req.rid)
+            error = f"pdd: cannot take the relayed request: {type(e).__name__}: {e}"
+        if error is not None:
+            self._refuse(req, error, status_code=503)
+
+    @staticmethod
+    def _refuse(req: Any, message: str, status_code: int) -> None:
+        """End a request sglang queued a moment ago (its prealloc queue streams the error and frees it)."""
+        from sglang.srt.disaggregation.utils import prepare_abort
+
+        logger.warning("request %s refused: %s", req.rid, message)
+        req.to_finish = None
+        prepare_abort(req, message, status_code=status_code)
 
     def _register_sockets(self) -> None:
         sleeper = getattr(self.scheduler, "idle_sleeper", None)

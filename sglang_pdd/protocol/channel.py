@@ -93,7 +93,11 @@ class MainChannel(_Endpoint):
             s = self._ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.LINGER, 0)
             s.setsockopt(zmq.SNDHWM, 10000)
-            s.connect(addr)
+            try:
+                s.connect(addr)
+            except zmq.ZMQError:
+                s.close(0)
+                raise
             self._socks[addr] = s
             self._poller.register(s, zmq.POLLIN)
         return s
@@ -104,10 +108,15 @@ class MainChannel(_Endpoint):
 
     def send(self, addr: str, msg: Message) -> bool:
         try:
-            self._sock(addr).send(self._seal(msg), zmq.NOBLOCK)
+            sock = self._sock(addr)
+        except zmq.ZMQError as e:  # e.g. a host name that does not resolve: no socket is kept
+            logger.warning("token channel: cannot connect to %s (room %s): %s", addr, msg.room, e)
+            return False
+        try:
+            sock.send(self._seal(msg), zmq.NOBLOCK)
             return True
-        except zmq.Again:
-            logger.warning("token channel: send queue to %s full (room %s)", addr, msg.room)
+        except zmq.ZMQError as e:  # zmq.Again: the send queue is full
+            logger.warning("token channel: cannot send to %s (room %s): %s", addr, msg.room, e)
             return False
 
     def poll(self, max_messages: int = 1024) -> list[tuple[str, Message]]:

@@ -90,7 +90,8 @@ def start_pdd(server_group, model: str, *, base_port: int, bootstrap_port: int, 
         extra=["--pdd-role", "relay", "--pdd-token-port", str(token_port), *timeout]))
     md = server_group.start(f"pdd-main-{base_port + 2}", ServerConfig(
         port=base_port + 2, nccl_port=base_port + 1002, mode="decode", decode_radix_cache=True, **common,
-        extra=["--pdd-role", "main", *timeout, *main_extra], env=dict(main_env or {})))
+        extra=["--pdd-role", "main", "--pdd-relays", f"tcp://127.0.0.1:{token_port}", *timeout, *main_extra],
+        env=dict(main_env or {})))
     for s in (p, rld, md):
         s.wait_ready()
     idle = {s.url: wait_for_metric(s.url, "sglang_pdd_req_rows", "free") for s in (rld, md)}
