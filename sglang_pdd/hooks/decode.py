@@ -118,4 +118,5 @@ def after_is_fully_idle(result, scheduler, *a, **kw):
 def after_abort_request(_result, scheduler, recv_req, *a, **kw) -> None:
     rt = runtime(scheduler)
     if rt is not None and hasattr(rt, "on_abort_request"):
-        rt.on_abort_request(recv_req.rid, getattr(recv_req, "abort_message", None))
+        rt.on_abort_request(recv_req.rid, getattr(recv_req, "abort_message", None),
+                            abort_all=bool(getattr(recv_req, "abort_all", False)))

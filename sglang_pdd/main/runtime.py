@@ -22,7 +22,8 @@ class MainRuntime:
         self.relays = cfg.relay_set
         self.handoff = MainHandoff(self.channel, timeout_s=cfg.handoff_timeout,
                                    keep_kv_when_relay_finishes=cfg.relay_finished_kv == "keep",
-                                   mode=cfg.handoff_mode, chunk=cfg.catchup_chunk, gap=cfg.catchup_gap)
+                                   mode=cfg.handoff_mode, chunk=cfg.catchup_chunk, gap=cfg.catchup_gap,
+                                   kv_timeout_s=cfg.kv_timeout)
         self.last_extend = None  # the EXTEND batch that ran last iteration, merged on the next one
         self.chunk_batch = None  # this iteration's catch-up EXTEND, with its Pending items
         self._chunk_items: list = []
@@ -100,6 +101,7 @@ class MainRuntime:
         rejected = {**self.channel.rejected, "unknown_room": self.handoff.stats.unknown_messages}
         metrics.export_channel_rejects("main", rejected, self._rejects_seen)
         metrics.set_held("main", len(self.handoff.held()))
+        metrics.set_handoff_requests("main", self.handoff.counts())
         st = self.handoff.stats
         metrics.export_deltas({"chunks": st.chunks, "tokens": st.chunk_tokens}, self._chunks_seen,
                               lambda what, n: metrics.record_catchup("main", what, n))
@@ -124,17 +126,18 @@ class MainRuntime:
         # The prompt's KV is valid: keep it in the radix tree, so MD's cache stays aligned with P's.
         release_kv_cache(req, s.tree_cache, checkpoint=keep_kv)
 
-    def on_abort_request(self, rid: str, message: str | None) -> None:
-        """sglang's abort_request cannot see held requests; end them here."""
-        for req in list(self.handoff.held()):
-            if rid and req.rid.startswith(rid):
-                self.handoff.drop(req.rid)
-                from sglang_pdd.main.handoff import Abort
+    def on_abort_request(self, rid: str, message: str | None, abort_all: bool = False) -> None:
+        """After sglang's abort_request, which ended the requests still in its own queues (admitted,
+        draining): forget those, and end the held ones, which only this runtime sees."""
+        from sglang_pdd.main.handoff import Abort
 
-                self._abort(Abort(req, held=True, message=message or "Aborted by AbortReq.", relay_finished=False))
+        for p in self.handoff.matching(rid, abort_all):
+            held = self.handoff.drop(p.req.rid)
+            if held is not None:
+                self._abort(Abort(held, held=True, message=message or "Aborted by AbortReq.", relay_finished=False))
 
     def busy(self) -> bool:
-        return bool(self.handoff.held()) or self.last_extend is not None
+        return bool(self.handoff.pending) or self.last_extend is not None
 
     # -- catch-up chunks: their EXTEND writes KV and nothing else ---------------------------------
     def owns(self, batch) -> bool:
