@@ -152,8 +152,10 @@ class MainHandoff:
             p = self.pending.get((addr, msg.room))
             if p is None:
                 self.stats.unknown_messages += 1
-                logger.warning("token channel: %s for unknown or finished room %s from %s",
-                               type(msg).__name__, msg.room, addr)
+                n = self.stats.unknown_messages
+                if n & (n - 1) == 0:  # the 1st, 2nd, 4th, 8th...: a flood cannot flood the log
+                    logger.warning("token channel: %s for unknown or finished room %s from %s (%d so far)",
+                                   type(msg).__name__, msg.room, addr, n)
                 continue
             if isinstance(msg, Tokens) and p.state == WAITING_TOKENS:
                 if msg.start != p.have or not msg.ids or (not msg.final and p.mode == "one-shot"):

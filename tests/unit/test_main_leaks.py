@@ -136,3 +136,12 @@ def test_the_table_is_published_by_state_with_zeros(monkeypatch):
     r.rt._rejects_seen, r.rt._chunks_seen, r.rt._modes_seen = {}, {}, {}
     r.rt.publish()
     assert seen == {"main": {**dict.fromkeys(STATES, 0), ADMITTED: 1}}
+
+
+def test_messages_for_unknown_rooms_are_counted_and_logged_sparingly(caplog):
+    h, ch, _ = main()
+    ch.inbox = [(RELAY, Tokens(room=1000 + i, ids=[1])) for i in range(100)]
+    with caplog.at_level("WARNING", logger="sglang_pdd.main.handoff"):
+        assert h.poll() == []
+    assert h.stats.unknown_messages == 100
+    assert len([r for r in caplog.records if "unknown or finished room" in r.getMessage()]) == 7  # 1, 2, 4.. 64
