@@ -34,6 +34,7 @@ SND_HWM = 10000
 HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS = 10_000, 30_000
 KEEPALIVE_IDLE_S, KEEPALIVE_INTVL_S, KEEPALIVE_CNT = 60, 10, 6
 MAX_FRAMES_PER_POLL = 1024
+MAX_PEERS = 4096  # MD connections a relay keeps reply state for (the least recent are forgotten)
 
 
 def configure(sock: zmq.Socket) -> None:
@@ -79,7 +80,8 @@ class RelayChannel(_Endpoint):
         self.sock.bind(bind)
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._guard = SessionGuard(MAIN_TO_RELAY)
-        self._replies: dict[bytes, list[int]] = {}  # peer -> [its session, last seq sent to it]
+        self._session_of: collections.OrderedDict[bytes, int] = collections.OrderedDict()  # peer -> session
+        self._sent: dict[int, int] = {}  # session -> seq of the last reply
 
     def poll(self, max_frames: int = MAX_FRAMES_PER_POLL) -> list[tuple[bytes, Message]]:
         out = []
@@ -99,20 +101,22 @@ class RelayChannel(_Endpoint):
             except ProtocolError as e:
                 self._reject(e, peer.hex())
                 continue
-            reply = self._replies.get(peer)
-            if reply is None or reply[0] != session:  # a peer's (new) connection: replies start over
-                self._replies[peer] = [session, 0]
+            self._session_of[peer] = session
+            self._session_of.move_to_end(peer)
+            while len(self._session_of) > MAX_PEERS:
+                self._sent.pop(self._session_of.popitem(last=False)[1], None)
             out.append((peer, msg))
         return out
 
     def send(self, peer: bytes, msg: Message) -> bool:
-        reply = self._replies.get(peer)
-        if reply is None:
+        session = self._session_of.get(peer)
+        if session is None:
             logger.warning("token channel: no connection from peer %s (room %s)", peer.hex(), msg.room)
             return False
+        seq = self._sent.get(session, 0) + 1
         try:
-            self.sock.send_multipart([peer, self._seal(RELAY_TO_MAIN, reply[0], reply[1] + 1, msg)], zmq.NOBLOCK)
-            reply[1] += 1
+            self.sock.send_multipart([peer, self._seal(RELAY_TO_MAIN, session, seq, msg)], zmq.NOBLOCK)
+            self._sent[session] = seq
             return True
         except (zmq.Again, zmq.ZMQError) as e:  # peer gone (ROUTER_MANDATORY) or queue full
             logger.warning("token channel: cannot send %s for room %s: %s", type(msg).__name__, msg.room, e)

@@ -6,9 +6,10 @@ Each frame starts, under the HMAC, with a header:
 
 * direction: `MAIN_TO_RELAY` or `RELAY_TO_MAIN`; a frame sent back the way it came (reflected) is
   refused.
-* session: drawn at random by MainDecode for each connection (one DEALER per relay). RelayDecode binds
-  a session to the ZMQ peer that first used it: the same session from another peer is refused; its
-  replies carry the session, and MD accepts only replies for its own connection's session.
+* session: drawn at random by MainDecode for each connection (one DEALER per relay). RelayDecode sends
+  a session's replies to the ZMQ peer of its latest fresh frame (a reconnected DEALER is a new peer;
+  only a holder of the secret can make a fresh frame, a replayed one is refused below); the replies
+  carry the session, and MD accepts only replies for its own connection's session.
 * seq: per session and direction, from 1 up. The receiver keeps the highest seq seen and a window of
   the `WINDOW` below it: a seq seen already, or older than the window, is a replay.
 
@@ -70,7 +71,8 @@ class ReplayWindow:
 
 
 class SessionGuard:
-    """The receiving side of a channel: accepts a frame once, from its session's own peer."""
+    """The receiving side of a channel: accepts each frame once; `peer_of(session)` is where the
+    session's latest fresh frame came from."""
 
     def __init__(self, direction: int, max_sessions: int = 4096):
         self.direction = direction
@@ -78,17 +80,19 @@ class SessionGuard:
         self._max = max_sessions
 
     def check(self, direction: int, session: int, seq: int, peer: object = None) -> None:
-        """Raise ProtocolError ('reflected', 'peer', 'replay') unless the frame is fresh and its own."""
+        """Raise ProtocolError ('reflected', 'replay') unless the frame is fresh and goes this way."""
         if direction != self.direction:
             raise ProtocolError("reflected", f"a frame of direction {direction} arrived on the {self.direction} side")
         entry = self._sessions.get(session)
         if entry is None:
-            entry = (peer, ReplayWindow())
-            self._sessions[session] = entry
-            while len(self._sessions) > self._max:
-                self._sessions.popitem(last=False)  # the oldest session: its late frames are refused below
-        elif entry[0] != peer:
-            raise ProtocolError("peer", f"session {session:#x} used by another peer")
-        self._sessions.move_to_end(session)
+            entry = self._sessions[session] = [peer, ReplayWindow()]
+            while len(self._sessions) > self._max:  # only authenticated frames open sessions
+                self._sessions.popitem(last=False)
         if not entry[1].accept(seq):
             raise ProtocolError("replay", f"session {session:#x}: frame {seq} seen already or too old")
+        entry[0] = peer
+        self._sessions.move_to_end(session)
+
+    def peer_of(self, session: int) -> object:
+        entry = self._sessions.get(session)
+        return None if entry is None else entry[0]

@@ -12,7 +12,7 @@ from sglang_pdd.protocol import channel as channel_mod
 from sglang_pdd.protocol.auth import FrameAuth
 from sglang_pdd.protocol.channel import MAX_FRAME, MainChannel, RelayChannel
 from sglang_pdd.protocol.messages import MAX_TOKENS_PER_MESSAGE, Ready, Tokens, Watch, encode
-from sglang_pdd.protocol.replay import RELAY_TO_MAIN, ReplayWindow, SessionGuard, pack_header
+from sglang_pdd.protocol.replay import RELAY_TO_MAIN, ReplayWindow, SessionGuard, pack_header, unpack_header
 from sglang_pdd.protocol.messages import ProtocolError
 
 SECRET = b"k"
@@ -81,7 +81,7 @@ def test_a_captured_watch_or_ready_replayed_from_another_dealer_is_a_counted_rej
         assert [m for _, m in wait_for(relay.poll)] == [msg]  # the original arrives
         dealer().send(frame)  # the attacker's replay, from its own connection
         assert settle(relay.poll) == []
-    assert relay.rejected["peer"] == 2
+    assert relay.rejected["replay"] == 2
     assert relay.send(md_peer, Tokens(room=7, ids=[1]))  # the real MD still gets the tokens
     assert wait_for(main.poll) == [(relay.address, Tokens(room=7, ids=[1]))]
 
@@ -173,15 +173,34 @@ def test_replay_window_accepts_each_seq_once_within_the_window():
     assert w.accept(20) and not w.accept(12) and w.accept(13) and not w.accept(13)  # 12: older than the window
 
 
-def test_session_guard_binds_a_session_to_its_first_peer():
+def test_session_guard_follows_fresh_frames_only():
     g = SessionGuard(direction=1)
     g.check(1, session=42, seq=1, peer=b"a")
-    with pytest.raises(ProtocolError, match="another peer") as e:
-        g.check(1, session=42, seq=2, peer=b"b")
-    assert e.value.reason == "peer"
+    with pytest.raises(ProtocolError) as e:  # a replay from elsewhere does not move the session
+        g.check(1, session=42, seq=1, peer=b"b")
+    assert e.value.reason == "replay" and g.peer_of(42) == b"a"
+    g.check(1, session=42, seq=2, peer=b"b")  # a fresh frame (the secret's holder) from a reconnection
+    assert g.peer_of(42) == b"b"
     with pytest.raises(ProtocolError) as e:
-        g.check(1, session=42, seq=1, peer=b"a")
-    assert e.value.reason == "replay"
-    with pytest.raises(ProtocolError) as e:
-        g.check(2, session=42, seq=3, peer=b"a")
+        g.check(2, session=42, seq=3, peer=b"b")
     assert e.value.reason == "reflected"
+
+
+def test_a_main_that_reconnects_keeps_its_session_and_gets_its_replies(pair):
+    relay, main, dealer = pair
+    main.send(relay.address, Watch(room=1))
+    ((old_peer, _),) = wait_for(relay.poll)
+    assert relay.send(old_peer, Tokens(room=1, ids=[1]))
+    assert wait_for(main.poll) == [(relay.address, Tokens(room=1, ids=[1]))]
+    conn = main._conns[relay.address]
+    # the same session over a new connection (a new ZMQ peer), as after a reconnect
+    fresh = FrameAuth(SECRET).seal(pack_header(1, conn.session, conn.sent + 1) + encode(Watch(room=2)))
+    moved = dealer()
+    moved.send(fresh)
+    ((new_peer, msg),) = wait_for(relay.poll)
+    assert msg == Watch(room=2) and new_peer != old_peer
+    assert relay.send(new_peer, Tokens(room=2, ids=[2]))
+    assert moved.poll(5000)
+    frame = moved.recv()
+    _, session, seq, _ = unpack_header(FrameAuth(SECRET).open(frame))
+    assert (session, seq) == (conn.session, 2)  # the session's reply sequence goes on
