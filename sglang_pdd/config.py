@@ -255,6 +255,14 @@ class TestKnobs:
     handoff_kernel_cpu: bool = False  # main: run the handoff attention hook on CPU too (torch reference)
     packed_skip_unpack: bool = False  # main: leave packed WAN blocks in the landing region (negative control)
     packed_staging_bytes: int = 0  # prefill: packed WAN blocks of at most this many bytes (0: the default)
+    # relay: answer no Ready before a request has this many output tokens (k >= it; k == it when MD's
+    # Ready came first). Read when the relay admits a request. Forces a handoff with eager tokens
+    # without holding anything back by time.
+    relay_min_eager: int = 0
+    drop_eager_kv: bool = False  # main: every handoff discards its eager tokens' KV (negative control)
+    # main: zero the KV of the decode radix-cache prefix a request reuses, once its transfer is done
+    # (negative control of the DRC comparison; corrupts the cache: use on servers about to stop)
+    corrupt_cached_prefix: bool = False
 
 
 def read_test_knobs(environ: dict | None = None) -> TestKnobs:
@@ -269,14 +277,12 @@ def read_test_knobs(environ: dict | None = None) -> TestKnobs:
         return TestKnobs()
     except ValueError as e:
         raise PddConfigError(f"{ENV_TEST_KNOBS} file {path}: not JSON: {e}") from None
-    unknown = sorted(set(d) - {f.name for f in fields(TestKnobs)})
+    types = {f.name: f.type for f in fields(TestKnobs)}
+    unknown = sorted(set(d) - set(types))
     if unknown:
         raise PddConfigError(f"{ENV_TEST_KNOBS} file {path}: unknown knobs {unknown}")
-    return TestKnobs(main_write_delay=float(d.get("main_write_delay", 0.0)),
-                     main_extra_skip_pages=int(d.get("main_extra_skip_pages", 0)),
-                     handoff_kernel_cpu=bool(d.get("handoff_kernel_cpu", False)),
-                     packed_skip_unpack=bool(d.get("packed_skip_unpack", False)),
-                     packed_staging_bytes=int(d.get("packed_staging_bytes", 0)))
+    cast = {"float": float, "int": int, "bool": bool}  # the field annotations (strings here)
+    return TestKnobs(**{k: cast[types[k]](v) for k, v in d.items()})
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:

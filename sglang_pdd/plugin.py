@@ -10,6 +10,9 @@ a target it cannot resolve, which would silently turn the plugin off after an sg
 * `require_hooks_applied()` checks, once sglang has applied the hooks, that each of ours is in place;
   the launcher calls it when a role is configured.
 
+On an sglang with the upstream-style series of patches/ applied, a hook whose job an extension point
+of the series does (`CAPABILITIES`) is not registered; `load()` logs which path each takes.
+
 Without `--pdd-role` every hook is inert except the input guard (see sglang_pdd.input_guard), which
 only turns requests that would crash upstream sglang into clear 400 errors.
 """
@@ -91,6 +94,59 @@ HOOKS: tuple[Hook, ...] = (
 )
 
 
+@dataclass(frozen=True)
+class Capability:
+    """An extension point of the upstream-style series in patches/ (patches/LEDGER.md).
+
+    `probe` ("module:Qualified.name") exists only in an sglang with the patch applied. Where it
+    does, the plugin uses sglang's extension point and does not register the hooks in `retires`;
+    where it does not, those hooks serve it as on stock sglang. `load()` logs which path each
+    capability takes. Only capabilities the plugin fully serves through the extension point are
+    listed; the ledger's other retirements are still served by their hooks on both sglangs.
+    """
+
+    name: str
+    patch: str
+    probe: str
+    retires: tuple[str, ...]
+
+
+CAPABILITIES: tuple[Capability, ...] = (
+    # sglang rejects empty prompts and out-of-vocabulary ids itself (400), as the input guard does
+    Capability("input validation", "0001",
+               f"{_SRT}.managers.tokenizer_manager:TokenizerManager._validate_input_token_ids",
+               (f"{_SRT}.managers.tokenizer_manager.TokenizerManager._validate_one_request",)),
+)
+
+
+def has_capability(cap: Capability) -> bool:
+    try:
+        pkgutil.resolve_name(cap.probe)
+    except Exception:  # ImportError, AttributeError, ValueError
+        return False
+    return True
+
+
+def capability_paths(caps: tuple[Capability, ...] = CAPABILITIES) -> dict[str, bool]:
+    """Capability name -> True where sglang's extension point serves it (patched), False: hook."""
+    return {c.name: has_capability(c) for c in caps}
+
+
+def active_hooks(hooks: tuple[Hook, ...] = HOOKS, caps: tuple[Capability, ...] = CAPABILITIES) -> tuple[Hook, ...]:
+    """The hooks to register: all of them, less those retired by an extension point sglang has."""
+    retired = {t for c in caps if has_capability(c) for t in c.retires}
+    return tuple(h for h in hooks if h.target not in retired)
+
+
+def _log_capabilities(caps: tuple[Capability, ...] = CAPABILITIES) -> None:
+    for c in caps:
+        if has_capability(c):
+            logger.info("sglang-pdd: %s: sglang's extension point (patch %s); hook not registered: %s",
+                        c.name, c.patch, ", ".join(c.retires))
+        else:
+            logger.info("sglang-pdd: %s: hook (stock sglang, patch %s not applied)", c.name, c.patch)
+
+
 class PluginLoadError(RuntimeError):
     """A hook target does not exist in the installed sglang (or its hooks were not applied)."""
 
@@ -129,7 +185,8 @@ def load() -> None:
         if PddConfig.from_env().active:
             raise SystemExit(msg)
         raise PluginLoadError(msg)
-    for h in HOOKS:
+    _log_capabilities()
+    for h in active_hooks():
         HookRegistry.register(h.target, h.resolve_body(), HookType[h.kind])
     _loaded = True
 
@@ -140,6 +197,6 @@ def require_hooks_applied() -> None:
 
     if not _loaded:
         raise PluginLoadError("sglang-pdd hooks were never registered (plugin not loaded?)")
-    not_applied = [h.target for h in HOOKS if h.target not in HookRegistry._patched]
+    not_applied = [h.target for h in active_hooks() if h.target not in HookRegistry._patched]
     if not_applied:
         raise PluginLoadError("sglang-pdd hooks not applied to: " + ", ".join(not_applied))

@@ -24,7 +24,7 @@ def request_seed(req) -> int:
     if seed is not None:
         return int(seed) & SEED_MASK
     rid = str(req.rid).encode()
-    return (zlib.crc32(rid) | (zlib.adler32(rid) << 32)) & SEED_MASK  # an int64 tensor holds it
+    return (zlib.crc32(rid) | (zlib.adler32(rid) << 32)) & SEED_MASK  # an int64, as the seed tensor is
 
 
 def attach_seeds(info, reqs, device) -> None:

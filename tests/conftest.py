@@ -112,12 +112,14 @@ def log_dir(artifacts_dir) -> str:
 
 @pytest.fixture(scope="session")
 def reference_server(private_netns, tiny_model, log_dir):
-    """A single (non-disaggregated) sglang server: the reference for token identity."""
+    """A single (non-disaggregated) sglang server: the reference for token identity, greedy and seeded
+    (`--pdd-seeded-sampling on`: the position-hashed sampler every PDD role uses)."""
     from sglang_pdd.testing.launch_args import ServerConfig
     from sglang_pdd.testing.servers import ServerGroup
 
     ss = ServerGroup(log_dir)
-    s = ss.start("reference", ServerConfig(model=tiny_model, port=30000, nccl_port=31000))
+    s = ss.start("reference", ServerConfig(model=tiny_model, port=30000, nccl_port=31000,
+                                                extra=["--pdd-seeded-sampling", "on"]))
     try:
         s.wait_ready()
         yield s

@@ -49,7 +49,7 @@ def after_add_request_to_queue(_result, scheduler, req, is_retracted=False, *a, 
         if hasattr(rt, "admit"):
             rt.admit(req)
         else:
-            rt.handoff.track(req)
+            rt.track(req)
     except Exception as e:  # this request's problem: it ends with an error, the scheduler goes on
         logger.exception("request %s: sglang-pdd could not take it", req.rid)
         end_request(req, f"pdd: internal error taking the request: {type(e).__name__}: {e}")

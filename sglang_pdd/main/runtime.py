@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
-from sglang_pdd import metrics
+import msgspec
+
+from sglang_pdd import config, metrics
 from sglang_pdd.config import PddConfig, testing_enabled
 from sglang_pdd.main import extend_batch
 from sglang_pdd.main.handoff import MainHandoff
@@ -33,6 +36,8 @@ class MainRuntime:
         self._chunks_seen: dict[str, int] = {}
         self._testing = testing_enabled()
         self._drop_after_extend: list = []  # negative control: (req, n, k) whose eager KV is discarded
+        self._knobs = bool(os.environ.get(config.ENV_TEST_KNOBS))
+        self._held_published = -1
 
     # -- admission --------------------------------------------------------------------------
     def admit(self, req: Any) -> None:
@@ -47,6 +52,8 @@ class MainRuntime:
         if params.relay not in self.relays:
             return self._refuse(req, f"pdd: relay {params.relay!r} is not one of this server's --pdd-relays",
                                 status_code=400)
+        if self._testing and self._knobs and config.read_test_knobs().drop_eager_kv:
+            params = msgspec.structs.replace(params, test_drop_eager_kv=True)
         try:
             error = self.handoff.admit(req, params)
             self._register_sockets()
@@ -80,6 +87,8 @@ class MainRuntime:
     # -- every iteration, after sglang's own process_decode_queue ----------------------------
     def after_process_decode_queue(self) -> None:
         s = self.scheduler
+        if self._knobs and s.waiting_queue and config.read_test_knobs().corrupt_cached_prefix:
+            self._corrupt_cached_prefix([r for r in s.waiting_queue if not getattr(r, "_pdd_corrupted", False)])
         keep = []
         for req in s.waiting_queue:
             if self.handoff.is_relayed(req) and not req.finished():
@@ -92,6 +101,14 @@ class MainRuntime:
             s.waiting_queue = keep
         for a in self.handoff.poll():
             self._abort(a)
+        self._publish_held()
+
+    def _publish_held(self) -> None:
+        """The held gauge whenever it changes (clients wait on it), not only at the publish rate."""
+        n = len(self.handoff.held())
+        if n != self._held_published:
+            self._held_published = n
+            metrics.set_held("main", n)
 
     def md_batch(self) -> int:
         return len(self.scheduler.running_batch.reqs)
@@ -100,7 +117,7 @@ class MainRuntime:
         """Gauges and counter deltas for /metrics (called at a bounded rate by the hook)."""
         rejected = {**self.channel.rejected, "unknown_room": self.handoff.stats.unknown_messages}
         metrics.export_channel_rejects("main", rejected, self._rejects_seen)
-        metrics.set_held("main", len(self.handoff.held()))
+        self._publish_held()
         metrics.set_handoff_requests("main", self.handoff.counts())
         st = self.handoff.stats
         metrics.export_deltas({"chunks": st.chunks, "tokens": st.chunk_tokens}, self._chunks_seen,
@@ -135,6 +152,7 @@ class MainRuntime:
             held = self.handoff.drop(p.req.rid)
             if held is not None:
                 self._abort(Abort(held, held=True, message=message or "Aborted by AbortReq.", relay_finished=False))
+        self._publish_held()
 
     def busy(self) -> bool:
         return bool(self.handoff.pending) or self.last_extend is not None
@@ -168,6 +186,21 @@ class MainRuntime:
                 pool.get_key_buffer(layer)[locs] = 0
                 pool.get_value_buffer(layer)[locs] = 0
         self._drop_after_extend.clear()
+
+    def _corrupt_cached_prefix(self, reqs: list) -> None:
+        """Negative control of the decode radix cache: zero the KV of the prefix a request reuses."""
+        s = self.scheduler
+        pool = s.token_to_kv_pool_allocator.get_kvcache()
+        for req in reqs:
+            req._pdd_corrupted = True
+            n = int(getattr(req.kv, "cache_protected_len", 0) or 0)
+            if n == 0 or req.kv.req_pool_idx is None:
+                continue
+            locs = s.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :n].long()
+            for layer in range(pool.start_layer, pool.start_layer + pool.layer_num):
+                pool.get_key_buffer(layer)[locs] = 0
+                pool.get_value_buffer(layer)[locs] = 0
+            logger.warning("sglang-pdd test knob: zeroed the %d cached prefix tokens of %s", n, req.rid)
 
     # -- batch selection ----------------------------------------------------------------------
     def next_batch(self, running_batch):
@@ -221,4 +254,5 @@ class MainRuntime:
         metrics.record_extend_batch(len(items))
         for p in items:
             metrics.record_handoff("main", len(p.req.output_ids))
+        self._publish_held()
         return batch, running_batch

@@ -61,6 +61,7 @@ class _Room:
     stalls: int = 0  # consecutive answers at which MD was no closer than before
     finished_at: float | None = None
     created: float = field(default_factory=time.monotonic)
+    min_eager: int = 0  # answer no Ready before the request has this many tokens (a test knob)
 
 
 @dataclass
@@ -95,11 +96,12 @@ class RelayHandoff:
         self.rooms: dict[int, _Room] = {}
         self.stats = RelayStats()
 
-    def track(self, req: Any) -> None:
+    def track(self, req: Any, min_eager: int = 0) -> None:
         room = getattr(req, "bootstrap_room", None)
         if room is None:
             return
-        self.rooms.setdefault(room, _Room(created=self.now())).req = req
+        r = self.rooms.setdefault(room, _Room(created=self.now()))
+        r.req, r.min_eager = req, min_eager
 
     def poll(self, ops: RelayOps) -> None:
         for peer, msg in self.channel.poll():
@@ -143,7 +145,8 @@ class RelayHandoff:
             elif now - room.finished_at > self.timeout_s:
                 self.rooms.pop(room_id, None)  # main never showed up
             return
-        if room.ready_from is not None and ops.is_decoding(req) and len(req.output_ids) > room.sent:
+        n = len(req.output_ids)
+        if room.ready_from is not None and ops.is_decoding(req) and n > room.sent and n >= room.min_eager:
             self._answer(room_id, room, req, ops)
 
     def _answer(self, room_id: int, room: _Room, req: Any, ops: RelayOps) -> None:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from sglang_pdd import metrics
+from sglang_pdd import config
 from sglang_pdd.config import PddConfig
 from sglang_pdd.protocol.channel import RelayChannel
 from sglang_pdd.relay.handoff import RelayHandoff
@@ -42,6 +44,7 @@ class RelayRuntime:
             rld_busy_running=cfg.adaptive_rld_running, rld_busy_kv_usage=cfg.adaptive_rld_kv,
             md_small_batch=cfg.adaptive_md_batch))
         self.handoff = RelayHandoff(self.channel, timeout_s=cfg.handoff_timeout, policy=policy)
+        self._knobs = bool(os.environ.get(config.ENV_TEST_KNOBS))
         self._rejects_seen: dict[str, int] = {}
         self._finished_seen: dict[str, int] = {}
         self._modes_seen: dict[tuple[str, str], int] = {}
@@ -88,6 +91,10 @@ class RelayRuntime:
         metrics.record_handoff("relay", k)
 
     # -- called by the hooks ----------------------------------------------------------------
+    def track(self, req: Any) -> None:
+        knobs = config.read_test_knobs() if self._knobs else None
+        self.handoff.track(req, min_eager=knobs.relay_min_eager if knobs else 0)
+
     def poll(self) -> None:
         self.handoff.poll(self)
         st = self.handoff.stats

@@ -33,6 +33,7 @@ class ServerConfig:
     max_total_tokens: int = 16384
     max_running_requests: int = 8
     page_size: int = 1
+    chunked_prefill_size: int = -1  # -1: whole prompts (sglang's default on CPU is a chunk size)
     decode_radix_cache: bool = False
     enable_metrics: bool = True
     extra: list[str] = field(default_factory=list)
@@ -50,7 +51,7 @@ class ServerConfig:
             "--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
             "--dtype", "float32", "--max-total-tokens", str(self.max_total_tokens),
             "--mem-fraction-static", "0.3", "--max-running-requests", str(self.max_running_requests),
-            "--chunked-prefill-size", "-1", "--page-size", str(self.page_size),
+            "--chunked-prefill-size", str(self.chunked_prefill_size), "--page-size", str(self.page_size),
             "--disable-cuda-graph", "--grammar-backend", "none", "--disable-overlap-schedule",
             "--sleep-on-idle", "--skip-server-warmup", "--log-level", "info",
         ]

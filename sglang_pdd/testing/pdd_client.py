@@ -35,42 +35,83 @@ class RelayedResult:
     tokens: list[int]  # the stitched stream: RLD's t1..tk, then MD's from k
     timings: dict = field(default_factory=dict)
 
+    @property
+    def handed_over(self) -> bool:
+        return self.relay["meta_info"]["finish_reason"].get("type") == "pdd_handoff"
 
-def relayed_generate(roles: Roles, body: dict, *, fanout: bool = False, main_delay_s: float = 0.0,
-                     relay_delay_s: float = 0.0, main_extra: dict | None = None) -> RelayedResult:
-    """Send one request through P -> RLD -> MD; `*_delay_s` hold back one path to force k."""
-    room, room2 = random.getrandbits(63), random.getrandbits(63)
-    boot = {"bootstrap_host": roles.bootstrap_host, "bootstrap_port": roles.bootstrap_port}
-    to_relay = {**body, **boot, "bootstrap_room": room}
-    to_main = with_params({**body, **boot, "bootstrap_room": room2},
-                            RequestParams(v=1, relay_room=room, relay=roles.token_channel, **(main_extra or {})))
-    calls = []
-    if fanout:
-        calls.append(("prefill", roles.prefill, with_params(to_relay, RequestParams(v=1, main_room=room2)), relay_delay_s))
-    else:
-        calls.append(("prefill", roles.prefill, to_relay, relay_delay_s))
-        calls.append(("prefill_main", roles.prefill, to_main, main_delay_s))
-    calls.append(("relay", roles.relay, to_relay, relay_delay_s))
-    calls.append(("main", roles.main, to_main, main_delay_s))
-    results: dict[str, object] = {}
+
+def held_on_main(url: str) -> float:
+    """MD's gauge of requests whose KV landed and that wait for RLD's tokens."""
+    from sglang_pdd.metrics import parse_exposition
+    from sglang_pdd.testing.servers import http_json
+
+    status, text = http_json(url + "/metrics")
+    return sum(parse_exposition(text, "sglang_pdd_handoff_held_requests").values()) if status == 200 else 0.0
+
+
+def relayed_generate(roles: Roles, body: dict, **kw) -> RelayedResult:
+    """One request through P -> RLD -> MD (see `relayed_generate_many`)."""
+    return relayed_generate_many(roles, [body], **kw)[0]
+
+
+def relayed_generate_many(roles: Roles, bodies: list[dict], *, fanout: bool = False, main_first: bool = False,
+                          main_extra: dict | None = None, wait_s: float = 120.0) -> list[RelayedResult]:
+    """Requests through P -> RLD -> MD at once. `main_first` (not with `fanout`): MD's legs go first and
+    RLD's only once MD holds them all (KV landed, Ready sent), so RLD answers each at its first chance:
+    k = 1, or exactly the relay's `relay_min_eager` test knob. Otherwise every leg goes at once."""
+    assert not (fanout and main_first), "the fan-out needs RLD's leg to bootstrap MD's"
+    results: dict[tuple[int, str], object] = {}
+    main_calls, relay_calls = [], []
+    for i, body in enumerate(bodies):
+        room, room2 = random.getrandbits(63), random.getrandbits(63)
+        boot = {"bootstrap_host": roles.bootstrap_host, "bootstrap_port": roles.bootstrap_port}
+        to_relay = {**body, **boot, "bootstrap_room": room}
+        to_main = with_params({**body, **boot, "bootstrap_room": room2},
+                              RequestParams(v=1, relay_room=room, relay=roles.token_channel, **(main_extra or {})))
+        main_calls.append((i, "main", roles.main, to_main))
+        if fanout:
+            relay_calls.append((i, "prefill", roles.prefill, with_params(to_relay, RequestParams(v=1, main_room=room2))))
+        else:
+            relay_calls.append((i, "prefill", roles.prefill, to_relay))
+            main_calls.append((i, "prefill_main", roles.prefill, to_main))
+        relay_calls.append((i, "relay", roles.relay, to_relay))
     t0 = time.monotonic()
 
-    def call(name, url, b, delay):
-        time.sleep(delay)
+    def call(i, name, url, b):
         try:
-            results[name] = generate(url, b)
+            results[i, name] = generate(url, b)
         except Exception as e:
-            results[name] = e
-        results[name + "_s"] = time.monotonic() - t0
+            results[i, name] = e
+        results[i, name + "_s"] = time.monotonic() - t0
 
-    threads = [threading.Thread(target=call, args=c) for c in calls]
-    for t in threads:
-        t.start()
+    def start(calls):
+        ts = [threading.Thread(target=call, args=c) for c in calls]
+        for t in ts:
+            t.start()
+        return ts
+
+    if main_first:
+        held = held_on_main(roles.main)
+        threads = start(main_calls)
+        deadline = time.monotonic() + wait_s
+        while held_on_main(roles.main) < held + len(bodies):
+            if any((i, "main") in results for i in range(len(bodies))):
+                raise GenerateError(f"main answered before the relay was asked: {results}")
+            if time.monotonic() > deadline:
+                raise GenerateError(f"main never held the requests within {wait_s:g} s")
+            time.sleep(0.05)
+        threads += start(relay_calls)
+    else:
+        threads = start(main_calls + relay_calls)
     for t in threads:
         t.join()
-    if isinstance(results["relay"], Exception):
-        raise GenerateError(f"relay: {results['relay']}")
-    relay, main = results["relay"], results["main"]
+    return [_stitch(results, i, main_calls + relay_calls) for i in range(len(bodies))]
+
+
+def _stitch(results: dict, i: int, calls: list) -> RelayedResult:
+    if isinstance(results[i, "relay"], Exception):
+        raise GenerateError(f"relay: {results[i, 'relay']}")
+    relay, main = results[i, "relay"], results[i, "main"]
     reason = relay["meta_info"]["finish_reason"]
     if isinstance(main, Exception):
         if reason.get("type") == "pdd_handoff":
@@ -83,4 +124,5 @@ def relayed_generate(roles: Roles, body: dict, *, fanout: bool = False, main_del
         k = len(relay["output_ids"])
         tokens = relay["output_ids"]
     return RelayedResult(relay=relay, main=main, k=k, tokens=tokens,
-                         timings={n: results[n + "_s"] for n, *_ in calls})
+                         timings={n: results[i, n + "_s"] for j, n, *_ in calls if j == i})
+

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from sglang_pdd.config import ENV_TEST_KNOBS
+from sglang_pdd.testing.pdd_client import Roles
 
 from sglang_pdd.testing.launch_args import RouterConfig, ServerConfig
 from sglang_pdd.testing.servers import ServerProcess
@@ -19,13 +23,15 @@ class PD:
 
 
 def start_pd(server_set, model: str, *, base_port: int, bootstrap_port: int, router: bool = False,
-             prefill_extra: list[str] = (), decode_extra: list[str] = (), decode_radix_cache: bool = False) -> PD:
+             prefill_extra: list[str] = (), decode_extra: list[str] = (), decode_radix_cache: bool = False,
+             page_size: int = 1, decode_env: dict | None = None) -> PD:
     p = server_set.start(f"prefill-{base_port}", ServerConfig(
-        model=model, port=base_port, nccl_port=base_port + 1000, mode="prefill",
+        model=model, port=base_port, nccl_port=base_port + 1000, mode="prefill", page_size=page_size,
         bootstrap_port=bootstrap_port, extra=list(prefill_extra)))
     d = server_set.start(f"decode-{base_port + 1}", ServerConfig(
-        model=model, port=base_port + 1, nccl_port=base_port + 1001, mode="decode",
-        bootstrap_port=bootstrap_port, decode_radix_cache=decode_radix_cache, extra=list(decode_extra)))
+        model=model, port=base_port + 1, nccl_port=base_port + 1001, mode="decode", page_size=page_size,
+        bootstrap_port=bootstrap_port, decode_radix_cache=decode_radix_cache, extra=list(decode_extra),
+        env=dict(decode_env or {})))
     p.wait_ready()
     d.wait_ready()
     pd = PD(prefill=p, decode=d, bootstrap_port=bootstrap_port)
@@ -66,6 +72,9 @@ def wait_for_metric(url: str, name: str, state: str, timeout_s: float = 30.0) ->
     raise AssertionError(f"{url} never published {name}")
 
 
+ROLES = ("prefill", "relay", "main")
+
+
 @dataclass
 class PDDServers:
     prefill: ServerProcess
@@ -74,25 +83,55 @@ class PDDServers:
     bootstrap_port: int
     token_port: int
     idle_rows: dict  # request rows free on RLD and MD when idle: what leak checks return to
+    knob_files: dict  # role -> its test-knobs file (config.TestKnobs), re-read by the server
+    knob_values: dict = field(default_factory=dict)  # role -> the knobs set now
+
+    def set_knobs(self, role: str, **knobs) -> None:
+        path = self.knob_files[role]
+        with open(path + ".tmp", "w") as f:
+            json.dump(knobs, f)
+        os.replace(path + ".tmp", path)
+        self.knob_values[role] = knobs
+
+    @contextlib.contextmanager
+    def knobs(self, role: str, **knobs):
+        """These knobs on top of the role's current ones, restored afterwards."""
+        before = dict(self.knob_values.get(role, {}))
+        self.set_knobs(role, **{**before, **knobs})
+        try:
+            yield
+        finally:
+            self.set_knobs(role, **before)
+
+    @property
+    def roles(self) -> Roles:
+        return Roles(prefill=self.prefill.url, relay=self.relay.url, main=self.main.url, bootstrap_host="127.0.0.1",
+                     bootstrap_port=self.bootstrap_port, token_channel=f"tcp://127.0.0.1:{self.token_port}")
 
 
 def start_pdd(server_group, model: str, *, base_port: int, bootstrap_port: int, token_port: int,
-              handoff_timeout: float, main_env: dict | None = None, page_size: int = 1,
-              prefill_extra: tuple = (), main_extra: tuple = (), prefill_env: dict | None = None) -> PDDServers:
-    """P (--pdd-role prefill), RLD (relay) and MD (main, decode radix cache) in one namespace."""
+              handoff_timeout: float, page_size: int = 1, prefill_chunk: int = -1,
+              prefill_extra: tuple = (), main_extra: tuple = ()) -> PDDServers:
+    """P (--pdd-role prefill), RLD (relay) and MD (main, decode radix cache) in one namespace, each
+    with a test-knobs file (`PDDServers.knobs`)."""
     timeout = ["--pdd-handoff-timeout", f"{handoff_timeout:g}"]
+    files = {r: os.path.join(server_group.log_dir, f"pdd-{base_port}-{r}-knobs.json") for r in ROLES}
+    for f in files.values():
+        with open(f, "w") as fh:
+            fh.write("{}")
     common = dict(model=model, bootstrap_port=bootstrap_port, page_size=page_size)
     p = server_group.start(f"pdd-prefill-{base_port}", ServerConfig(
-        port=base_port, nccl_port=base_port + 1000, mode="prefill", **common,
-        extra=["--pdd-role", "prefill", *prefill_extra], env=dict(prefill_env or {})))
+        port=base_port, nccl_port=base_port + 1000, mode="prefill", chunked_prefill_size=prefill_chunk, **common,
+        extra=["--pdd-role", "prefill", *prefill_extra], env={ENV_TEST_KNOBS: files["prefill"]}))
     rld = server_group.start(f"pdd-relay-{base_port + 1}", ServerConfig(
         port=base_port + 1, nccl_port=base_port + 1001, mode="decode", **common,
-        extra=["--pdd-role", "relay", "--pdd-token-port", str(token_port), *timeout]))
+        extra=["--pdd-role", "relay", "--pdd-token-port", str(token_port), *timeout],
+        env={ENV_TEST_KNOBS: files["relay"]}))
     md = server_group.start(f"pdd-main-{base_port + 2}", ServerConfig(
         port=base_port + 2, nccl_port=base_port + 1002, mode="decode", decode_radix_cache=True, **common,
         extra=["--pdd-role", "main", "--pdd-relays", f"tcp://127.0.0.1:{token_port}", *timeout, *main_extra],
-        env=dict(main_env or {})))
+        env={ENV_TEST_KNOBS: files["main"]}))
     for s in (p, rld, md):
         s.wait_ready()
     idle = {s.url: wait_for_metric(s.url, "sglang_pdd_req_rows", "free") for s in (rld, md)}
-    return PDDServers(p, rld, md, bootstrap_port, token_port, idle)
+    return PDDServers(p, rld, md, bootstrap_port, token_port, idle, files)

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import pytest
 
 from sglang_pdd.metrics import parse_exposition
-from sglang_pdd.testing.client import generate, greedy_body, greedy_ids
+from sglang_pdd.testing import identity
+from sglang_pdd.testing.client import generate, greedy_body
 from sglang_pdd.testing.launch_args import ServerConfig
 from sglang_pdd.testing.servers import ServerGroup, ServerProcess, http_json
 from sglang_pdd.transfer.pool_state import KEY as POOL_KEY
@@ -153,6 +154,14 @@ def ids_of(result) -> list[int]:
     return result["output_ids"]
 
 
+def reference(server, ids: list[int]) -> identity.Reference:
+    return identity.reference(server.url, ids, NEW_TOKENS)
+
+
+def assert_same(want: identity.Reference, result, what: str) -> None:
+    identity.check(want, ids_of(result), what)
+
+
 def path_bytes(fan: Fanout) -> dict[tuple[str, str], int]:
     status, text = http_json(fan.prefill.url + "/metrics")
     assert status == 200
@@ -185,7 +194,7 @@ def assert_prefill_idle(fan: Fanout, wait_s: float = 60.0) -> None:
     assert not problems, (problems, state)
 
 
-def conversation_bytes(fan: Fanout, reference, prompts, seed: int) -> dict:
+def conversation_bytes(fan: Fanout, ref_server, prompts, seed: int) -> dict:
     """Turn 1, turn 2 (history + new text), and the turn-1 prompt again; the main's KV bytes are
     exactly the pages past its radix-cache hit, the relay's the whole prompt."""
     figures = {}
@@ -197,8 +206,9 @@ def conversation_bytes(fan: Fanout, reference, prompts, seed: int) -> dict:
         before = path_bytes(fan)
         r = fanout_generate(fan, ids)
         after = path_bytes(fan)
-        expected = greedy_ids(reference.url, ids, NEW_TOKENS)
-        assert ids_of(r["relay"]) == expected and ids_of(r["main"]) == expected, turn
+        want = reference(ref_server, ids)
+        assert_same(want, r["relay"], f"{turn}: the relay")
+        assert_same(want, r["main"], f"{turn}: the main (its fan-out leg)")
         relay_kv, main_kv = moved(before, after, "relay"), moved(before, after, "main")
         assert relay_kv == fan.pages_bytes(len(ids)), turn
         assert main_kv == fan.pages_bytes(len(ids)) - expected_prefix * fan.kvb, (turn, main_kv, expected_prefix)

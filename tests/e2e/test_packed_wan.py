@@ -2,15 +2,13 @@
 few large writes, MD unpacks on success. Token identity against a single server is the proof; P's and
 MD's counters show the packed path was taken; MD skipping the unpack is the negative control."""
 
-import json
-import os
 import time
 
 import pytest
 
-from sglang_pdd.config import ENV_TEST_KNOBS
-from sglang_pdd.testing.client import greedy_body, greedy_ids, pd_generate
-from sglang_pdd.testing.pdd_client import Roles, relayed_generate
+from sglang_pdd.testing import identity
+from sglang_pdd.testing.client import greedy_body, pd_generate
+from sglang_pdd.testing.pdd_client import relayed_generate, relayed_generate_many
 
 from .cluster import metric, start_pdd
 
@@ -19,26 +17,22 @@ pytestmark = pytest.mark.e2e
 TOKEN_PORT = 18520
 PAGE = 16
 NEW = 24
-KNOBS: dict[str, str] = {}
+RELAYED_NEW = 160  # relayed requests: long enough that RLD hands over (at k >= 4, its knob) before it ends
+SERVERS = {}
 
 
 def set_knobs(role: str, **knobs) -> None:
-    with open(KNOBS[role] + ".tmp", "w") as f:
-        json.dump(knobs, f)
-    os.replace(KNOBS[role] + ".tmp", KNOBS[role])
+    SERVERS["pdd"].set_knobs(role, **knobs)
 
 
 @pytest.fixture(scope="module")
-def packed(server_group, tiny_model, log_dir):
-    for role in ("prefill", "main"):
-        KNOBS[role] = os.path.join(log_dir, f"packed-wan-{role}-knobs.json")
-        set_knobs(role)
+def packed(server_group, tiny_model):
     flags = ("--pdd-packed-wan", "plain")
     s = start_pdd(server_group, tiny_model, base_port=31100, bootstrap_port=8993, token_port=TOKEN_PORT,
-                  handoff_timeout=20, page_size=PAGE, prefill_extra=flags, main_extra=flags,
-                  prefill_env={ENV_TEST_KNOBS: KNOBS["prefill"]}, main_env={ENV_TEST_KNOBS: KNOBS["main"]})
-    return Roles(prefill=s.prefill.url, relay=s.relay.url, main=s.main.url, bootstrap_host="127.0.0.1",
-                 bootstrap_port=s.bootstrap_port, token_channel=f"tcp://127.0.0.1:{TOKEN_PORT}")
+                  handoff_timeout=20, page_size=PAGE, prefill_extra=flags, main_extra=flags)
+    s.set_knobs("relay", relay_min_eager=4)
+    SERVERS["pdd"] = s
+    return s.roles
 
 
 @pytest.fixture(autouse=True)
@@ -46,6 +40,16 @@ def _reset_knobs(packed):
     yield
     set_knobs("prefill")
     set_knobs("main")
+
+
+def ref(reference_server, ids, n=NEW) -> identity.Reference:
+    return identity.reference(reference_server.url, ids, n)
+
+
+def assert_main_identical(want, r, what: str) -> None:
+    """A relayed request handed over (k >= 4) and MD's own tokens, after its packed leg, are the reference's."""
+    assert r.handed_over and r.k >= 4, (r.k, r.relay["meta_info"]["finish_reason"])
+    identity.check(want, r.main["output_ids"], f"{what}: MD after its packed fan-out leg")
 
 
 def events(url: str, side: str) -> dict[str, float]:
@@ -69,7 +73,7 @@ def test_plain_pd_to_main_goes_packed_and_is_token_identical(packed, reference_s
     ids = prompts.ids(900, seed=701)
     p0, m0, s0 = events(packed.prefill, "prefill"), events(packed.main, "main"), kv_slices(packed.prefill)
     out = pd_generate(packed.prefill, packed.main, packed.bootstrap_host, packed.bootstrap_port, greedy_body(ids, NEW))
-    assert out["output_ids"] == greedy_ids(reference_server.url, ids, NEW)
+    identity.check(ref(reference_server, ids), out["output_ids"], "packed P->MD")
     p1, m1 = events(packed.prefill, "prefill"), events(packed.main, "main")
     assert delta(p1, p0, "packed") >= 1, p1
     # one block per chunk here, written as two slices (the block and its table entry), all layers at once
@@ -81,37 +85,38 @@ def test_plain_pd_to_main_goes_packed_and_is_token_identical(packed, reference_s
 def test_fanout_main_leg_goes_packed_across_a_conversation(packed, reference_server, prompts):
     """Turn 2 extends turn 1: MD caches turn 1, so its leg is trimmed to the new pages, still packed."""
     turn1 = prompts.ids(700, seed=702)
-    r1 = relayed_generate(packed, greedy_body(turn1, NEW), fanout=True, main_delay_s=0.3)
-    assert r1.tokens == greedy_ids(reference_server.url, turn1, NEW)
-    turn2 = turn1 + r1.tokens + prompts.ids(300, seed=703)
     m0 = events(packed.main, "main")
-    r2 = relayed_generate(packed, greedy_body(turn2, NEW), fanout=True, main_delay_s=0.3)
-    assert r2.tokens == greedy_ids(reference_server.url, turn2, NEW)
-    # RLD may have finished turn 2 itself: MD then keeps landing its KV after its reply (--pdd-relay-finished-kv keep)
-    deadline = time.monotonic() + 30
-    while delta(events(packed.main, "main"), m0, "unpacked") < 1 and time.monotonic() < deadline:
-        time.sleep(0.2)
+    r1 = relayed_generate(packed, greedy_body(turn1, RELAYED_NEW), fanout=True)
+    assert_main_identical(ref(reference_server, turn1, RELAYED_NEW), r1, "turn 1")
+    turn2 = turn1 + r1.tokens + prompts.ids(300, seed=703)
     m1 = events(packed.main, "main")
-    assert delta(m1, m0, "unpacked") == 1, m1
+    r2 = relayed_generate(packed, greedy_body(turn2, RELAYED_NEW), fanout=True)
+    assert_main_identical(ref(reference_server, turn2, RELAYED_NEW), r2, "turn 2")
+    m2 = events(packed.main, "main")
+    assert delta(m1, m0, "unpacked") == 1 and delta(m2, m1, "unpacked") == 1, (m0, m1, m2)
+    assert r2.main["meta_info"]["cached_tokens"] >= len(turn1) // PAGE * PAGE
 
 
 def test_blocks_smaller_than_a_chunk_are_reassembled(packed, reference_server, prompts):
     """P's staging capped at one page: every chunk goes as many blocks, each with its table entry."""
     set_knobs("prefill", packed_staging_bytes=1)
     ids = prompts.ids(500, seed=704)
+    p0, s0 = events(packed.prefill, "prefill"), kv_slices(packed.prefill)
     out = pd_generate(packed.prefill, packed.main, packed.bootstrap_host, packed.bootstrap_port, greedy_body(ids, NEW))
-    assert out["output_ids"] == greedy_ids(reference_server.url, ids, NEW)
+    identity.check(ref(reference_server, ids), out["output_ids"], "small blocks")
+    chunks = delta(events(packed.prefill, "prefill"), p0, "packed")
+    assert chunks >= 1 and kv_slices(packed.prefill) - s0 > 2 * chunks  # many blocks per chunk, not one
 
 
 def test_concurrent_relayed_requests_each_land_in_their_own_region(packed, reference_server, prompts):
-    import concurrent.futures as cf
-
+    """Three relayed requests at once: three regions offered and unpacked, each MD's tokens its own."""
     seqs = [prompts.ids(400 + 150 * i, seed=710 + i) for i in range(3)]
-    with cf.ThreadPoolExecutor(3) as ex:
-        results = list(ex.map(lambda s: relayed_generate(packed, greedy_body(s, NEW), fanout=True,
-                                                         main_delay_s=0.3), seqs))
+    m0 = events(packed.main, "main")
+    results = relayed_generate_many(packed, [greedy_body(s, RELAYED_NEW) for s in seqs], fanout=True)
     for s, r in zip(seqs, results):
-        assert r.tokens == greedy_ids(reference_server.url, s, NEW)
+        assert_main_identical(ref(reference_server, s, RELAYED_NEW), r, "concurrent")
+    m1 = events(packed.main, "main")
+    assert delta(m1, m0, "offered") == 3 and delta(m1, m0, "unpacked") == 3, (m0, m1)
 
 
 def test_negative_control_main_without_the_unpack_diverges(packed, reference_server, prompts):
@@ -121,7 +126,20 @@ def test_negative_control_main_without_the_unpack_diverges(packed, reference_ser
     p0 = events(packed.prefill, "prefill")
     out = pd_generate(packed.prefill, packed.main, packed.bootstrap_host, packed.bootstrap_port, greedy_body(ids, NEW))
     assert delta(events(packed.prefill, "prefill"), p0, "packed") >= 1
-    assert out["output_ids"] != greedy_ids(reference_server.url, ids, NEW)
+    with pytest.raises(AssertionError, match="diverges from the single server"):
+        identity.check(ref(reference_server, ids), out["output_ids"], "packed control")
+
+
+def test_negative_control_the_fanout_leg_without_the_unpack_diverges(packed, reference_server, prompts):
+    """The same control on a relayed request's packed fan-out leg: RLD's eager tokens are right, MD's
+    continuation over its unfilled pages is not."""
+    set_knobs("main", packed_skip_unpack=True)
+    ids = prompts.ids(800, seed=708)
+    want = ref(reference_server, ids, RELAYED_NEW)
+    r = relayed_generate(packed, greedy_body(ids, RELAYED_NEW), fanout=True)
+    identity.check(want, r.relay["output_ids"], "RLD's eager tokens", prefix=True)
+    with pytest.raises(AssertionError, match="diverges from the single server"):
+        assert_main_identical(want, r, "fan-out control")
 
 
 def test_landing_arena_is_empty_when_idle(packed):
@@ -167,10 +185,10 @@ def test_main_aborted_mid_transfer_quarantines_its_region(packed, reference_serv
     http_json(packed.main + "/abort_request", {"rid": f"packed-abort-{room2}"})
     for t in threads:
         t.join()
-    assert results["relay"]["output_ids"] == greedy_ids(reference_server.url, ids, NEW)
+    identity.check(ref(reference_server, ids), results["relay"]["output_ids"], "the relay, its main aborted")
     got = landing(packed.main)
     assert got.get("rooms") == 0 and got.get("quarantined") == 1, got
     set_knobs("prefill")
     again = prompts.ids(400, seed=707)
     out = pd_generate(packed.prefill, packed.main, packed.bootstrap_host, packed.bootstrap_port, greedy_body(again, NEW))
-    assert out["output_ids"] == greedy_ids(reference_server.url, again, NEW)
+    identity.check(ref(reference_server, again), out["output_ids"], "after the abort")

@@ -2,12 +2,12 @@
 single server, through /generate and the OpenAI endpoints, streaming and not."""
 
 import json
-import threading
 import urllib.request
 
 import pytest
 
-from sglang_pdd.testing.client import greedy_body, greedy_ids, stream_generate
+from sglang_pdd.testing import identity
+from sglang_pdd.testing.client import greedy_body, stream_generate
 from sglang_pdd.testing.launch_args import PddRouterConfig
 from sglang_pdd.testing.servers import http_json
 
@@ -17,72 +17,126 @@ pytestmark = pytest.mark.e2e
 
 TOKEN_PORT = 18600
 N = 96
+EAGER = 4  # RLD's relay_min_eager knob for this module: every relayed request hands over at k >= 4
+SEEDED = {"temperature": 0.8, "top_p": 0.9, "sampling_seed": 77}
 
 
 @pytest.fixture(scope="module")
 def router(server_group, tiny_model):
     pdd = start_pdd(server_group, tiny_model, base_port=30800, bootstrap_port=8996, token_port=TOKEN_PORT,
                     handoff_timeout=10)
-    p, rld, md, boot, idle_rows = pdd.prefill, pdd.relay, pdd.main, pdd.bootstrap_port, pdd.idle_rows
+    pdd.set_knobs("relay", relay_min_eager=EAGER)
+    p, rld, md, boot = pdd.prefill, pdd.relay, pdd.main, pdd.bootstrap_port
     base = 30800
-    relay_router = server_group.start("pdd-router", PddRouterConfig(
-        prefill=[(p.url, boot)], relay=[(rld.url, TOKEN_PORT)], main=[md.url], tokenizer=tiny_model,
-        port=base + 3, pipeline="relay")).wait_ready()
-    direct_router = server_group.start("pdd-router-direct", PddRouterConfig(
-        prefill=[(p.url, boot)], relay=[(rld.url, TOKEN_PORT)], main=[md.url], tokenizer=tiny_model,
-        port=base + 4, pipeline="direct")).wait_ready()
+
+    def start(name, port, pipeline, extra=()):
+        return server_group.start(name, PddRouterConfig(
+            prefill=[(p.url, boot)], relay=[(rld.url, TOKEN_PORT)], main=[md.url], tokenizer=tiny_model,
+            port=port, pipeline=pipeline, extra=list(extra))).wait_ready()
+
+    relay_router = start("pdd-router", base + 3, "relay")
+    direct_router = start("pdd-router-direct", base + 4, "direct")
     # auto, told a very slow WAN (so a cold prompt's transfer looks long) and a fast RLD: short outputs
     # of cold prompts are odd traffic
-    auto_router = server_group.start("pdd-router-auto", PddRouterConfig(
-        prefill=[(p.url, boot)], relay=[(rld.url, TOKEN_PORT)], main=[md.url], tokenizer=tiny_model,
-        port=base + 5, pipeline="auto", extra=["--wan-mbit", "1", "--wan-rtt-ms", "1", "--odd-output-threshold",
-                                               "100", "--rld-tpot-ms", "10", "--bandwidth-poll-s", "0"])).wait_ready()
+    auto_router = start("pdd-router-auto", base + 5, "auto", ["--wan-mbit", "1", "--wan-rtt-ms", "1",
+                        "--odd-output-threshold", "100", "--rld-tpot-ms", "10", "--bandwidth-poll-s", "0"])
     return {"relay": relay_router, "direct": direct_router, "auto": auto_router, "main": md, "relay_server": rld,
-            "idle_rows": idle_rows, "start_router": lambda name, port, extra: server_group.start(name, PddRouterConfig(
-                prefill=[(p.url, boot)], relay=[(rld.url, TOKEN_PORT)], main=[md.url], tokenizer=tiny_model,
-                port=port, pipeline="auto", extra=extra)).wait_ready()}
+            "prefill": p, "pdd": pdd, "idle_rows": pdd.idle_rows,
+            "start_router": lambda name, port, extra: start(name, port, "auto", extra)}
+
+
+def handoffs_on_main(router) -> tuple[float, float]:
+    """(handoffs, eager tokens handed over) counted on MD: deltas of these show a handoff happened."""
+    m = router["main"].url
+    return (sum(metric(m, "sglang_pdd_handoffs_total").values()),
+            sum(metric(m, "sglang_pdd_handoff_tokens_total").values()))
+
+
+def assert_one_handoff(router, before: tuple[float, float], min_k: int = EAGER) -> int:
+    after = handoffs_on_main(router)
+    assert after[0] - before[0] == 1, (before, after)
+    k = after[1] - before[1]
+    assert k >= min_k, f"handed over after {k} eager tokens"
+    return int(k)
+
+
+def check_generate(router, reference_server, ids, pipeline, stream, n=N, what="", **sp):
+    want = identity.reference(reference_server.url, ids, n, **sp)
+    url = router[pipeline].url
+    body = greedy_body(ids, n, **sp)
+    before = handoffs_on_main(router)
+    out = stream_generate(url, body) if stream else http_json(url + "/generate", body)[1]
+    identity.check(want, out["output_ids"], f"router {pipeline}{' stream' if stream else ''} {what}")
+    meta = out["meta_info"]
+    assert meta["finish_reason"]["type"] == "length" and meta["completion_tokens"] == n
+    assert meta["pdd"]["pipeline"] == ("P->RLD->MD" if pipeline == "relay" else "P->MD")
+    if pipeline == "relay":
+        k = assert_one_handoff(router, before)
+        assert meta["pdd"]["handoff_tokens"] == k and meta["pdd"]["handoff_mode"] in ("one-shot", "catch-up")
+    else:
+        assert handoffs_on_main(router)[0] == before[0] and meta["pdd"]["handoff_tokens"] is None
+    return out
 
 
 @pytest.mark.parametrize("pipeline", ["relay", "direct"])
 @pytest.mark.parametrize("stream", [False, True])
 def test_generate_is_token_identical_to_a_single_server(router, reference_server, prompts, pipeline, stream):
-    ids = prompts.ids(600, seed=100 + stream)
-    expected = greedy_ids(reference_server.url, ids, N)
-    url = router[pipeline].url
-    out = stream_generate(url, greedy_body(ids, N)) if stream else http_json(url + "/generate", greedy_body(ids, N))[1]
-    assert out["output_ids"] == expected
-    meta = out["meta_info"]
-    assert meta["finish_reason"]["type"] == "length" and meta["completion_tokens"] == N
-    assert meta["pdd"]["pipeline"] == ("P->RLD->MD" if pipeline == "relay" else "P->MD")
-    if pipeline == "relay":
-        assert meta["pdd"]["handoff_tokens"] is None or 1 <= meta["pdd"]["handoff_tokens"] <= N
-        if meta["pdd"]["handoff_tokens"] is not None:
-            assert meta["pdd"]["handoff_mode"] in ("one-shot", "catch-up")
+    check_generate(router, reference_server, prompts.ids(600, seed=100 + stream), pipeline, stream)
+
+
+@pytest.mark.parametrize("pipeline", ["relay", "direct"])
+def test_seeded_sampling_is_identical_to_a_single_server(router, reference_server, prompts, pipeline):
+    """temperature 0.8, top_p 0.9 and a seed: the same tokens as a single server, across the handoff."""
+    check_generate(router, reference_server, prompts.ids(500, seed=105), pipeline, stream=True, what="seeded",
+                   **SEEDED)
+
+
+def test_negative_control_the_router_path_catches_main_without_the_eager_kv(router, reference_server, prompts):
+    pdd = router["pdd"]
+    ids = prompts.ids(500, seed=106)
+    want = identity.reference(reference_server.url, ids, 200)
+    with pdd.knobs("main", drop_eager_kv=True), pdd.knobs("relay", relay_min_eager=24):
+        before = handoffs_on_main(router)
+        out = stream_generate(router["relay"].url, greedy_body(ids, 200))
+        assert_one_handoff(router, before, min_k=24)
+    identity.check(want, out["output_ids"][:24], "the eager tokens", prefix=True)
+    with pytest.raises(AssertionError, match="diverges from the single server"):
+        identity.check(want, out["output_ids"], "router control")
 
 
 def router_metric(url: str, name: str) -> float:
     return sum(metric(url, name).values())
 
 
+def main_leg_bytes(router) -> float:
+    """KV bytes P wrote to MainDecode (fan-out leg and direct path): what crosses the WAN."""
+    return sum(v for k, v in metric(router["prefill"].url, "sglang_pdd_transfer_bytes_total").items()
+               if dict(k).get("path") in ("main", "direct"))
+
+
 def test_odd_traffic_finishes_on_the_relay_and_its_wan_bytes_are_never_sent(router, reference_server, prompts):
-    auto, md = router["auto"].url, router["main"].url
+    auto = router["auto"].url
     ids = prompts.ids(700, seed=140)  # cold on MD: ~11 MiB of KV over "1 Mbit/s"
-    expected = greedy_ids(reference_server.url, ids, 16)
-    md_kv_before = router_metric(md, "sglang:prompt_tokens_total") if metric(md, "sglang:prompt_tokens_total") else 0
+    want = identity.reference(reference_server.url, ids, 16)
+    avoided, wan = router_metric(auto, "sglang_pdd_router_wan_bytes_avoided_total"), main_leg_bytes(router)
     status, out = http_json(auto + "/generate", greedy_body(ids, 16))
-    assert status == 200 and out["output_ids"] == expected
+    assert status == 200
+    identity.check(want, out["output_ids"], "odd traffic on the relay")
     pdd = out["meta_info"]["pdd"]
     assert pdd["pipeline"] == "P->RLD" and pdd["reason"].startswith("odd traffic"), pdd
     assert pdd["missed_bytes"] >= 700 * 16384 * 0.9
-    assert router_metric(auto, "sglang_pdd_router_wan_bytes_avoided_total") == pdd["missed_bytes"]
-    if md_kv_before:
-        assert router_metric(md, "sglang:prompt_tokens_total") == md_kv_before  # MD never saw it
+    assert router_metric(auto, "sglang_pdd_router_wan_bytes_avoided_total") - avoided == pdd["missed_bytes"]
+    assert main_leg_bytes(router) == wan  # P sent MainDecode nothing
     # the same prompt with a long output is not odd: RLD relays, MD takes over
+    before = handoffs_on_main(router)
     status, out = http_json(auto + "/generate", greedy_body(ids, 120))
-    assert status == 200 and out["meta_info"]["pdd"]["pipeline"] != "P->RLD"
+    assert status == 200 and out["meta_info"]["pdd"]["pipeline"] == "P->RLD->MD", out["meta_info"]["pdd"]
+    assert_one_handoff(router, before)
+    assert main_leg_bytes(router) > wan
     # a request may name its pipeline; a bad name is a 400
     status, out = http_json(auto + "/generate", {**greedy_body(ids, 16), "pdd_pipeline": "direct"})
-    assert status == 200 and out["meta_info"]["pdd"]["pipeline"] == "P->MD" and out["output_ids"] == expected
+    assert status == 200 and out["meta_info"]["pdd"]["pipeline"] == "P->MD"
+    identity.check(want, out["output_ids"], "named pipeline")
     status, out = http_json(auto + "/generate", {**greedy_body(ids, 16), "pdd_pipeline": "sideways"})
     assert status == 400 and "pdd_pipeline" in str(out)
 
@@ -114,20 +168,47 @@ def openai(url: str, path: str, body: dict, stream: bool):
     return chunks
 
 
+def completion_text(got, stream: bool) -> tuple[str, str]:
+    if stream:
+        text = "".join(c["choices"][0]["text"] for c in got if c.get("choices"))
+        return text, [c["choices"][0]["finish_reason"] for c in got if c.get("choices")][-1]
+    return got["choices"][0]["text"], got["choices"][0]["finish_reason"]
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_completions_text_matches_a_single_server(router, reference_server, prompts, stream):
     prompt = prompts.text(prompts.ids(400, seed=110))
     body = {"model": "tiny", "prompt": prompt, "max_tokens": 80, "temperature": 0, "ignore_eos": True}
     expected = openai(reference_server.url, "/v1/completions", body, stream=False)
+    before = handoffs_on_main(router)
     got = openai(router["relay"].url, "/v1/completions", body, stream=stream)
-    if stream:
-        text = "".join(c["choices"][0]["text"] for c in got if c.get("choices"))
-        reason = [c["choices"][0]["finish_reason"] for c in got if c.get("choices")][-1]
-    else:
-        text, reason = got["choices"][0]["text"], got["choices"][0]["finish_reason"]
+    assert_one_handoff(router, before)
+    if not stream:
         assert got["usage"]["completion_tokens"] == expected["usage"]["completion_tokens"] == 80
-    assert text == expected["choices"][0]["text"]
-    assert reason == "length"
+    assert completion_text(got, stream) == (expected["choices"][0]["text"], "length")
+
+
+def test_completions_with_a_seed_match_a_single_server(router, reference_server, prompts):
+    body = {"model": "tiny", "prompt": prompts.ids(300, seed=111), "max_tokens": 64, "temperature": 0.8,
+            "top_p": 0.9, "seed": 5, "ignore_eos": True}
+    expected = openai(reference_server.url, "/v1/completions", body, stream=False)["choices"][0]["text"]
+    before = handoffs_on_main(router)
+    assert completion_text(openai(router["relay"].url, "/v1/completions", body, stream=True), True)[0] == expected
+    assert_one_handoff(router, before)
+    other = openai(reference_server.url, "/v1/completions", {**body, "seed": 6}, stream=False)
+    assert other["choices"][0]["text"] != expected  # the seed decides the tokens
+
+
+def test_negative_control_the_openai_path_catches_main_without_the_eager_kv(router, reference_server, prompts):
+    pdd = router["pdd"]
+    body = {"model": "tiny", "prompt": prompts.ids(450, seed=112), "max_tokens": 160, "temperature": 0,
+            "ignore_eos": True}
+    expected = openai(reference_server.url, "/v1/completions", body, stream=False)["choices"][0]["text"]
+    with pdd.knobs("main", drop_eager_kv=True), pdd.knobs("relay", relay_min_eager=24):
+        before = handoffs_on_main(router)
+        text, _ = completion_text(openai(router["relay"].url, "/v1/completions", body, stream=True), True)
+        assert_one_handoff(router, before, min_k=24)
+    assert text != expected
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -136,7 +217,9 @@ def test_chat_completions_match_a_single_server(router, reference_server, stream
         {"role": "system", "content": "You are a terse tool-using agent."},
         {"role": "user", "content": "List the files, then summarise them " * 20}]}
     expected = openai(reference_server.url, "/v1/chat/completions", body, stream=False)
+    before = handoffs_on_main(router)
     got = openai(router["relay"].url, "/v1/chat/completions", body, stream=stream)
+    assert_one_handoff(router, before)
     want = expected["choices"][0]["message"]["content"]
     if stream:
         text = "".join(c["choices"][0]["delta"].get("content", "") for c in got if c.get("choices"))
@@ -146,14 +229,17 @@ def test_chat_completions_match_a_single_server(router, reference_server, stream
     assert text == want
 
 
-def test_stop_string_across_the_handoff_is_honoured(router, reference_server, prompts):
+def test_stop_string_after_the_handoff_is_honoured(router, reference_server, prompts):
     ids = prompts.ids(300, seed=120)
     full = http_json(reference_server.url + "/generate", greedy_body(ids, 120))[1]["text"]
-    stop = full[len(full) // 2: len(full) // 2 + 6]  # somewhere past the first eager tokens
+    stop = full[len(full) // 2: len(full) // 2 + 6]  # past the eager tokens (60 of 120 tokens in)
     body = {"model": "tiny", "prompt": ids, "max_tokens": 120, "temperature": 0, "ignore_eos": True, "stop": [stop]}
     expected = openai(reference_server.url, "/v1/completions", body, stream=False)["choices"][0]
+    before = handoffs_on_main(router)
     got = openai(router["relay"].url, "/v1/completions", body, stream=False)["choices"][0]
-    assert (got["text"], got["finish_reason"]) == (expected["text"], expected["finish_reason"]) == (got["text"], "stop")
+    assert_one_handoff(router, before)
+    assert expected["finish_reason"] == "stop"
+    assert (got["text"], got["finish_reason"]) == (expected["text"], expected["finish_reason"])
 
 
 def test_client_disconnect_aborts_every_role_and_nothing_leaks(router, prompts):
@@ -183,5 +269,4 @@ def test_bad_requests_get_clear_errors_and_the_router_keeps_serving(router, refe
     assert http_json(url + "/v1/chat/completions", {"messages": "hi"})[0] == 400
     status, body = http_json(url + "/generate", greedy_body([5, 10 ** 7], 4))
     assert status >= 400 and "vocabulary" in json.dumps(body)
-    ids = prompts.ids(50, seed=140)
-    assert http_json(url + "/generate", greedy_body(ids, 16))[1]["output_ids"] == greedy_ids(reference_server.url, ids, 16)
+    check_generate(router, reference_server, prompts.ids(50, seed=140), "relay", stream=False, n=16)

@@ -1,5 +1,9 @@
 """The core of PDD on real sglang: RLD streams t1..tk, hands over by token IDs, MD runs ONE EXTEND
-over them and continues; RLD's t1..tk followed by MD's tokens equal a single server's greedy output."""
+over them and continues; RLD's t1..tk followed by MD's tokens equal a single server's output, greedy
+and seeded. Pages of 16 tokens and P's chunked prefill (256) are crossed on purpose.
+
+k is set, not waited for: MD's legs go first (`main_first`) and RLD's test knob `relay_min_eager`
+makes it answer MD's Ready at exactly k tokens; every test that names a handoff asserts its k."""
 
 import json
 import os
@@ -8,146 +12,164 @@ import time
 
 import pytest
 
-from sglang_pdd.config import ENV_TEST_KNOBS
-from sglang_pdd.testing.client import generate, greedy_body, greedy_ids
+from sglang_pdd.testing import identity
+from sglang_pdd.testing.client import greedy_body
+from sglang_pdd.testing.pdd_client import relayed_generate, relayed_generate_many
 from sglang_pdd.testing.servers import http_json
 
 from .cluster import metric, start_pdd
-from sglang_pdd.testing.pdd_client import Roles, relayed_generate
 
 pytestmark = pytest.mark.e2e
 
 TOKEN_PORT = 18500
+PAGE = 16
+CHUNK = 256  # P's --chunked-prefill-size
 NEW = 64
-IDLE_ROWS: dict[str, float] = {}
-KNOBS: dict[str, str] = {}  # MD's test-knobs file (config.TestKnobs), re-read at every handoff batch
 HANDOFF_TIMEOUT = 10
+SEEDED = {"temperature": 0.8, "top_p": 0.9, "sampling_seed": 1234}
 
 
 @pytest.fixture(scope="module")
-def pdd(server_group, tiny_model, log_dir):
-    KNOBS["main"] = os.path.join(log_dir, "relay-handoff-main-knobs.json")
-    servers = start_pdd(server_group, tiny_model, base_port=30700, bootstrap_port=8997, token_port=TOKEN_PORT,
-                        handoff_timeout=HANDOFF_TIMEOUT, main_env={ENV_TEST_KNOBS: KNOBS["main"]})
-    IDLE_ROWS.update(servers.idle_rows)
-    p, rld, md, boot = servers.prefill, servers.relay, servers.main, servers.bootstrap_port
-    return Roles(prefill=p.url, relay=rld.url, main=md.url, bootstrap_host="127.0.0.1",
-                 bootstrap_port=boot, token_channel=f"tcp://127.0.0.1:{TOKEN_PORT}")
+def pdd(server_group, tiny_model):
+    return start_pdd(server_group, tiny_model, base_port=30700, bootstrap_port=8997, token_port=TOKEN_PORT,
+                     handoff_timeout=HANDOFF_TIMEOUT, page_size=PAGE, prefill_chunk=CHUNK)
 
 
-def check(pdd, reference_server, ids, n=NEW, **kw):
-    expected = greedy_ids(reference_server.url, ids, n)
-    r = relayed_generate(pdd, greedy_body(ids, n), **kw)
-    assert r.relay["meta_info"]["finish_reason"]["type"] == "pdd_handoff", r.relay["meta_info"]
-    assert r.relay["output_ids"] == expected[: r.k]
-    assert r.main["output_ids"] == expected, f"k={r.k}"
-    assert r.tokens == expected
+def ref(reference_server, ids, n=NEW, **sp) -> identity.Reference:
+    return identity.reference(reference_server.url, ids, n, **sp)
+
+
+def relayed(pdd, body, k: int | None = None, min_k: int = 2, **kw):
+    """One relayed request whose handoff happens after exactly `k` eager tokens (MD first, RLD's knob;
+    for a catch-up, its first chunk is answered at k and the final step comes later), or, with
+    `k=None`, every leg at once and at least `min_k` eager tokens."""
+    with pdd.knobs("relay", relay_min_eager=k if k is not None else min_k):
+        r = relayed_generate(pdd.roles, body, main_first=k is not None, **kw)
+    assert r.handed_over, r.relay["meta_info"]
+    catch_up = (kw.get("main_extra") or {}).get("handoff") == "catch-up"
+    if k is not None and not catch_up:
+        assert r.k == k, f"k={r.k}, not {k}"
+    assert r.k >= (k or min_k), f"k={r.k}"
     return r
 
 
-ATTEMPTS = 5
+def assert_identical(want: identity.Reference, r, what: str) -> None:
+    """RLD's stream is exactly t1..tk of the reference, MD's output (t1..tk then its own) all of it."""
+    identity.check(want, r.relay["output_ids"], f"{what}: RLD's eager tokens (k={r.k})", prefix=True)
+    assert len(r.relay["output_ids"]) == r.k
+    identity.check(want, r.main["output_ids"], f"{what}: MD after the handoff at k={r.k}")
+    assert r.tokens == r.main["output_ids"]
 
 
-def relayed_with_eager(pdd, body_for, min_k: int, delay: float = 0.8, **kw):
-    """relayed_generate until RLD decoded at least `min_k` eager tokens before the handoff: MD is
-    held back twice as long after too few, half as long after RLD finished the request itself (how
-    many tokens RLD decodes in a given delay depends on the box's load). `body_for(attempt)`."""
-    for attempt in range(ATTEMPTS):
-        r = relayed_generate(pdd, body_for(attempt), main_delay_s=delay, **kw)
-        r.attempt = attempt
-        handed = r.relay["meta_info"]["finish_reason"]["type"] == "pdd_handoff"
-        if handed and r.k >= min_k:
-            return r
-        delay = delay * 2 if handed else delay / 2
-    return r
+def handoff_batches(pdd) -> dict[int, float]:
+    return {int(dict(k)["size"]): v for k, v in metric(pdd.main.url, "sglang_pdd_handoff_extend_batches_total").items()}
 
 
 def relay_counter(pdd, name: str, **labels) -> float:
-    return sum(v for k, v in metric(pdd.relay, name).items()
+    return sum(v for k, v in metric(pdd.relay.url, name).items()
                if all(dict(k).get(a) == b for a, b in {"role": "relay", **labels}.items()))
 
 
-def test_handoff_at_k1_when_main_is_ready_before_relay_decodes(pdd, reference_server, prompts):
-    r = check(pdd, reference_server, prompts.ids(300, seed=31), relay_delay_s=1.5)
-    assert r.k == 1
+# -- where the handoff lands: k = 1, on a page boundary, one past it, max_new_tokens - 1 --------------
+
+@pytest.mark.parametrize("k, n", [(1, NEW), (6, NEW), (7, NEW), (19, 20)],
+                         ids=["k1", "page-boundary", "one-past", "max-new-minus-1"])
+def test_handoff_at_exactly_k_is_token_identical(pdd, reference_server, prompts, k, n):
+    """250 + 6 = 256: the 6th eager token ends MD's 16th page; k = 19 of 20 leaves MD one token."""
+    ids = prompts.ids(250, seed=31)
+    assert_identical(ref(reference_server, ids, n), relayed(pdd, greedy_body(ids, n), k=k), f"k={k}")
 
 
-@pytest.mark.parametrize("n_prompt, main_delay", [(40, 0.4), (700, 0.8), (1500, 1.6)])
-def test_handoff_after_relay_decoded_eager_tokens(pdd, reference_server, prompts, n_prompt, main_delay):
-    r = check(pdd, reference_server, prompts.ids(n_prompt, seed=n_prompt), n=160, main_delay_s=main_delay)
-    assert 1 <= r.k < 160
+@pytest.mark.parametrize("n_prompt", [256, 257, 1000, 3000])
+def test_prompts_on_page_and_chunk_boundaries(pdd, reference_server, prompts, n_prompt):
+    """256: exactly 16 pages and one prefill chunk; 257: one token past both; 1000 and 3000: P prefills in
+    4 and 12 chunks of 256 while it fans out."""
+    ids = prompts.ids(n_prompt, seed=n_prompt)
+    assert_identical(ref(reference_server, ids, 48), relayed(pdd, greedy_body(ids, 48), k=9), f"{n_prompt} tokens")
+
+
+def test_handoff_with_every_leg_at_once(pdd, reference_server, prompts):
+    ids = prompts.ids(700, seed=700)
+    assert_identical(ref(reference_server, ids, 96), relayed(pdd, greedy_body(ids, 96), min_k=4), "at once")
 
 
 def test_penalties_count_the_eager_tokens(pdd, reference_server, prompts):
     ids = prompts.ids(150, seed=35)
     sp = {"frequency_penalty": 0.8, "presence_penalty": 0.3}
-    expected = greedy_ids(reference_server.url, ids, 200, **sp)
-    r = relayed_with_eager(pdd, lambda _: greedy_body(ids, 200, **sp), 2, delay=0.6)
-    assert r.relay["meta_info"]["finish_reason"]["type"] == "pdd_handoff" and r.k > 1
-    assert r.main["output_ids"] == expected, f"k={r.k}"
+    assert_identical(ref(reference_server, ids, 200, **sp), relayed(pdd, greedy_body(ids, 200, **sp), k=12),
+                     "penalties")
 
 
 def test_logprobs_cover_the_eager_tokens(pdd, reference_server, prompts):
     ids = prompts.ids(150, seed=36)
     body = {**greedy_body(ids, 160), "return_logprob": True}
-    ref = generate(reference_server.url, body)["meta_info"]["output_token_logprobs"]
-    r = relayed_generate(pdd, body, main_delay_s=0.6)
-    assert r.relay["meta_info"]["finish_reason"]["type"] == "pdd_handoff", r.main
-    got = r.main["meta_info"]["output_token_logprobs"]
-    assert [t[1] for t in got] == [t[1] for t in ref]  # (logprob, token id, text) per output token
-    assert max(abs(a[0] - b[0]) for a, b in zip(got, ref)) < 1e-3, f"k={r.k}"
+    want = ref(reference_server, ids, 160)
+    r = relayed(pdd, body, k=10)
+    assert_identical(want, r, "logprobs")
+    got = [t[0] for t in r.main["meta_info"]["output_token_logprobs"]]  # (logprob, token id, text) per token
+    assert len(got) == len(want.logprobs) == 160
+    assert max(abs(a - b) for a, b in zip(got, want.logprobs)) < 1e-3
 
 
-def concurrently(fn, n: int) -> list:
-    """fn(0..n-1) on n threads at once; the results (None where fn raised: its thread reports it)."""
-    out = [None] * n
-
-    def one(i):
-        out[i] = fn(i)
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return out
+def test_seeded_sampling_is_identical_across_the_handoff(pdd, reference_server, prompts):
+    """temperature 0.8, top_p 0.9, a seed: P samples t1, RLD t2..tk, MD the rest in and after its EXTEND,
+    and the tokens are a single server's with the same seed; another seed gives other tokens."""
+    ids = prompts.ids(400, seed=37)
+    want = ref(reference_server, ids, 96, **SEEDED)
+    assert_identical(want, relayed(pdd, greedy_body(ids, 96, **SEEDED), k=8), "seeded one-shot")
+    r = relayed(pdd, greedy_body(ids, 96, **SEEDED), k=14, main_extra={"handoff": "catch-up", "chunk": 4})
+    assert_identical(want, r, "seeded catch-up")
+    other = ref(reference_server, ids, 96, **{**SEEDED, "sampling_seed": 4321})
+    with pytest.raises(AssertionError, match="diverges"):
+        identity.check(want, other.tokens, "another seed")
 
 
 def test_concurrent_handoffs_share_one_extend_step(pdd, reference_server, prompts):
     cases = [prompts.ids(200 + 50 * i, seed=40 + i) for i in range(4)]
-    out = concurrently(lambda i: check(pdd, reference_server, cases[i], relay_delay_s=1.0), len(cases))
-    assert all(r is not None for r in out)
-    sizes = metric(pdd.main, "sglang_pdd_handoff_extend_batches_total")
-    assert max(int(dict(labels)["size"]) for labels in sizes) >= 2, sizes
+    before = handoff_batches(pdd)
+    with pdd.knobs("relay", relay_min_eager=3):
+        out = relayed_generate_many(pdd.roles, [greedy_body(c, NEW) for c in cases], main_first=True)
+    for c, r in zip(cases, out):
+        assert r.handed_over and r.k == 3
+        assert_identical(ref(reference_server, c), r, "concurrent")
+    after = handoff_batches(pdd)
+    assert any(after.get(size, 0) > before.get(size, 0) for size in after if size >= 2), (before, after)
 
 
 def test_part_of_the_prompt_already_cached_on_main(pdd, reference_server, prompts):
     first = prompts.ids(900, seed=60)
-    r1 = check(pdd, reference_server, first, n=24, relay_delay_s=0.5)
+    r1 = relayed(pdd, greedy_body(first, 24), k=4)
+    assert_identical(ref(reference_server, first, 24), r1, "turn 1")
     second = first + r1.tokens + prompts.ids(80, seed=61)  # the next turn of the conversation
-    r2 = check(pdd, reference_server, second, n=120, main_delay_s=0.3)
-    assert r2.main["meta_info"]["cached_tokens"] >= len(first)
+    r2 = relayed(pdd, greedy_body(second, 120), k=8)
+    assert_identical(ref(reference_server, second, 120), r2, "turn 2")
+    assert r2.main["meta_info"]["cached_tokens"] >= len(first) // PAGE * PAGE
 
 
-def test_negative_control_main_without_the_extend_kv_diverges(pdd, reference_server, prompts):
-    cases = [prompts.ids(400, seed=70 + i) for i in range(ATTEMPTS)]  # prompts nothing else uses
-    r = relayed_with_eager(pdd, lambda i: greedy_body(cases[i], 300), 8,
-                           main_extra={"test_drop_eager_kv": True, "handoff": "one-shot"})
-    expected = greedy_ids(reference_server.url, cases[r.attempt], 300)
-    assert r.relay["meta_info"]["finish_reason"]["type"] == "pdd_handoff"
-    assert r.k >= 8, "too few eager tokens for the control to mean anything"
-    assert r.relay["output_ids"] == expected[: r.k]
-    assert r.main["output_ids"][: r.k] == expected[: r.k]
-    assert r.main["output_ids"] != expected
+# -- negative controls: the comparisons above fail when MD skips the eager tokens' KV ---------------
 
+@pytest.mark.parametrize("mode", ["one-shot", "catch-up"])
+def test_negative_control_main_without_the_eager_kv_diverges(pdd, reference_server, prompts, mode):
+    ids = prompts.ids(400, seed=70 if mode == "one-shot" else 71)  # prompts nothing else uses
+    want = ref(reference_server, ids, 200)
+    extra = {"test_drop_eager_kv": True, "handoff": mode, "chunk": 4}
+    r = relayed(pdd, greedy_body(ids, 200), k=16, main_extra=extra)
+    identity.check(want, r.relay["output_ids"], "RLD's eager tokens", prefix=True)
+    identity.check(want, r.main["output_ids"][: r.k], "MD's copy of the eager tokens", prefix=True)
+    with pytest.raises(AssertionError, match="diverges from the single server"):
+        assert_identical(want, r, f"{mode} control")
+
+
+# -- failures end one request, never a server --------------------------------------------------------
 
 def test_bad_relay_params_fail_the_request_not_the_server(pdd, reference_server, prompts):
     body = greedy_body(prompts.ids(30, seed=80), 4)
     body["sampling_params"]["custom_params"] = {"pdd": {"v": 99, "relay_room": 1, "relay": "tcp://127.0.0.1:1"}}
-    status, out = http_json(pdd.main + "/generate", {**body, "bootstrap_host": "127.0.0.1",
-                                                     "bootstrap_port": pdd.bootstrap_port, "bootstrap_room": 5})
+    status, out = http_json(pdd.main.url + "/generate", {**body, "bootstrap_host": "127.0.0.1",
+                                                         "bootstrap_port": pdd.bootstrap_port, "bootstrap_room": 5})
     assert status >= 400 and "unsupported protocol version 99" in str(out)
-    check(pdd, reference_server, prompts.ids(50, seed=81), n=16, relay_delay_s=0.3)
+    ids = prompts.ids(50, seed=81)
+    assert_identical(ref(reference_server, ids, 16), relayed(pdd, greedy_body(ids, 16), k=2), "after a bad body")
 
 
 @pytest.mark.parametrize("relay", ["unreachable", "never_heard_of_it"])
@@ -159,22 +181,89 @@ def test_main_fails_cleanly_when_the_relay_cannot_hand_over(pdd, reference_serve
     from sglang_pdd.protocol.request import RequestParams
 
     room = random.getrandbits(63)
-    address = "tcp://127.0.0.1:1" if relay == "unreachable" else pdd.token_channel
+    address = "tcp://127.0.0.1:1" if relay == "unreachable" else pdd.roles.token_channel
     body = greedy_body(prompts.ids(60, seed=90), 8)
     body["sampling_params"]["custom_params"] = RequestParams(v=1, relay_room=room, relay=address).to_custom_params()
-    body.update(bootstrap_host=pdd.bootstrap_host, bootstrap_port=pdd.bootstrap_port, bootstrap_room=room)
+    body.update(bootstrap_host="127.0.0.1", bootstrap_port=pdd.bootstrap_port, bootstrap_room=room)
     out = {}
-    t = threading.Thread(target=lambda: out.update(p=http_json(pdd.prefill + "/generate", body)))
+    t = threading.Thread(target=lambda: out.update(p=http_json(pdd.prefill.url + "/generate", body)))
     t.start()
-    status, reply = http_json(pdd.main + "/generate", body)
+    status, reply = http_json(pdd.main.url + "/generate", body)
     t.join()
     assert status >= 400, reply
     assert "relay" in str(reply), reply
-    check(pdd, reference_server, prompts.ids(50, seed=91), n=16, relay_delay_s=0.3)
+    ids = prompts.ids(50, seed=91)
+    assert_identical(ref(reference_server, ids, 16), relayed(pdd, greedy_body(ids, 16), k=2), "after a failure")
+
+
+def test_relay_finishing_first_tells_main_which_lets_go(pdd, reference_server, prompts):
+    """MD is ready first but RLD's knob asks for more eager tokens than the request has: RLD finishes it
+    (length) and tells MD, which lets go and keeps the KV for the next turn."""
+    ids = prompts.ids(120, seed=50)
+    with pdd.knobs("relay", relay_min_eager=9):
+        r = relayed_generate(pdd.roles, greedy_body(ids, 8), main_first=True)
+    assert r.relay["meta_info"]["finish_reason"]["type"] == "length"
+    identity.check(ref(reference_server, ids, 8), r.tokens, "finished on the relay")
+    assert "error" in r.main or r.main["meta_info"]["finish_reason"]["type"] == "abort", r.main
+    # MD let its KV land anyway (--pdd-relay-finished-kv keep): the next turn hits MD's cache
+    second = ids + r.tokens + prompts.ids(30, seed=51)
+    r2 = relayed(pdd, greedy_body(second, 120), k=5)
+    assert_identical(ref(reference_server, second, 120), r2, "next turn")
+    assert r2.main["meta_info"]["cached_tokens"] >= len(ids) // PAGE * PAGE
+
+
+# -- catch-up: RLD hands over in chunks while it keeps decoding ---------------------------------------
+
+@pytest.mark.parametrize("chunk", [1, 4, 16])
+def test_catch_up_handoff_is_token_identical(pdd, reference_server, prompts, chunk):
+    ids = prompts.ids(300, seed=100 + chunk)
+    chunks_before = relay_counter(pdd, "sglang_pdd_catchup_chunks_total")
+    r = relayed(pdd, greedy_body(ids, 400), k=None, min_k=chunk + 8,
+                main_extra={"handoff": "catch-up", "chunk": chunk})
+    assert_identical(ref(reference_server, ids, 400), r, f"catch-up chunk {chunk}")
+    assert relay_counter(pdd, "sglang_pdd_catchup_chunks_total") > chunks_before, f"k={r.k}: no non-final chunk"
+
+
+def test_concurrent_catch_up_handoffs(pdd, reference_server, prompts):
+    cases = [prompts.ids(250 + 40 * i, seed=110 + i) for i in range(3)]
+    with pdd.knobs("relay", relay_min_eager=12):
+        out = relayed_generate_many(pdd.roles, [greedy_body(c, 300) for c in cases],
+                                    main_extra={"handoff": "catch-up", "chunk": 4})
+    for c, r in zip(cases, out):
+        assert r.handed_over and r.k >= 12
+        assert_identical(ref(reference_server, c, 300), r, "concurrent catch-up")
+
+
+def test_catch_up_keeps_penalties_and_logprobs_exact(pdd, reference_server, prompts):
+    ids = prompts.ids(200, seed=120)
+    sp = {"frequency_penalty": 0.8, "presence_penalty": 0.3}
+    want = ref(reference_server, ids, 300, **sp)
+    r = relayed(pdd, {**greedy_body(ids, 300, **sp), "return_logprob": True}, k=None, min_k=12,
+                main_extra={"handoff": "catch-up", "chunk": 3})
+    assert_identical(want, r, "catch-up with penalties")
+    got = [t[0] for t in r.main["meta_info"]["output_token_logprobs"]]
+    assert max(abs(a - b) for a, b in zip(got, want.logprobs)) < 1e-3, f"k={r.k}"
+
+
+def test_adaptive_mode_is_chosen_on_the_relay_and_counted(pdd, reference_server, prompts):
+    def modes():
+        return {(dict(k)["mode"], dict(k)["reason"]): v
+                for k, v in metric(pdd.relay.url, "sglang_pdd_handoff_mode_total").items()}
+
+    before = modes()
+    ids = prompts.ids(120, seed=130)
+    r = relayed(pdd, greedy_body(ids, 200), k=6, main_extra={"handoff": "adaptive", "chunk": 2})
+    assert_identical(ref(reference_server, ids, 200), r, "adaptive")
+    after = modes()
+    grew = {key: after[key] - before.get(key, 0) for key in after if after[key] != before.get(key, 0)}
+    # MD runs this request alone: a one-shot EXTEND stalls nobody
+    assert grew == {("one-shot", "md_small_batch"): 1}, grew
+    inputs = {dict(k)["input"]: v for k, v in metric(pdd.relay.url, "sglang_pdd_handoff_policy_input").items()}
+    assert set(inputs) == {"rld_running", "rld_kv_usage", "md_batch"} and inputs["rld_running"] >= 1
 
 
 def attention_batches(pdd, path: str, reason: str | None = None) -> float:
-    return sum(v for k, v in metric(pdd.main, "sglang_pdd_handoff_attention_batches_total").items()
+    return sum(v for k, v in metric(pdd.main.url, "sglang_pdd_handoff_attention_batches_total").items()
                if dict(k)["path"] == path and (reason is None or dict(k)["reason"] == reason))
 
 
@@ -183,106 +272,35 @@ def test_handoff_attention_hook_leaves_cpu_to_sglang_and_its_kernel_path_is_toke
     """On CPU the attention hook hands MD's handoff EXTEND to sglang's backend (counted with reason "cpu").
     With MD's test knob the same hook runs its kernel path inside the server (the kernel's torch
     reference on CPU: the store of the new K/V, req_to_token, prefix and extend lengths, the output
-    layout), for one-shot and catch-up handoffs, and the tokens still equal a single server's."""
+    layout, pages of 16), for one-shot and catch-up handoffs, and the tokens still equal a single server's."""
     cpu_before = attention_batches(pdd, "sglang", "cpu")
-    check(pdd, reference_server, prompts.ids(260, seed=140), n=48, relay_delay_s=0.3)
+    ids = prompts.ids(260, seed=140)
+    assert_identical(ref(reference_server, ids, 48), relayed(pdd, greedy_body(ids, 48), k=3), "sglang path")
     assert attention_batches(pdd, "sglang", "cpu") > cpu_before
-    assert attention_batches(pdd, "kernel") == 0
-    with open(KNOBS["main"], "w") as f:
-        json.dump({"handoff_kernel_cpu": True}, f)
-    try:
-        ids = [prompts.ids(500 + 40 * i, seed=141 + i) for i in range(ATTEMPTS)]
-        r = relayed_with_eager(pdd, lambda i: greedy_body(ids[i], 240), 4, main_extra={"handoff": "one-shot"})
-        check_identity(reference_server, ids[r.attempt], 240, r)
+    kernel_before = attention_batches(pdd, "kernel")
+    with pdd.knobs("main", handoff_kernel_cpu=True):
+        ids = prompts.ids(500, seed=141)
+        r = relayed(pdd, greedy_body(ids, 240), k=21, main_extra={"handoff": "one-shot"})
+        assert_identical(ref(reference_server, ids, 240), r, "kernel path, one-shot")
         one_shot = attention_batches(pdd, "kernel")
-        assert one_shot >= 1, (r.k, metric(pdd.main, "sglang_pdd_handoff_attention_batches_total"))
-        ids = [prompts.ids(300, seed=145 + i) for i in range(ATTEMPTS)]
-        r = relayed_with_eager(pdd, lambda i: greedy_body(ids[i], 300), 8, delay=0.6,
-                               main_extra={"handoff": "catch-up", "chunk": 4})
-        check_identity(reference_server, ids[r.attempt], 300, r)
+        assert one_shot >= kernel_before + 1
+        ids = prompts.ids(300, seed=145)
+        r = relayed(pdd, greedy_body(ids, 300), k=None, min_k=12, main_extra={"handoff": "catch-up", "chunk": 4})
+        assert_identical(ref(reference_server, ids, 300), r, "kernel path, catch-up")
         assert attention_batches(pdd, "kernel") >= one_shot + 2, f"k={r.k}: chunks and the final step"
-    finally:
-        os.remove(KNOBS["main"])
     assert attention_batches(pdd, "sglang", "arguments") + attention_batches(pdd, "mixed") == 0
 
 
 def test_pools_return_to_idle_on_relay_and_main(pdd):
-    for url in (pdd.relay, pdd.main):
+    for url in (pdd.relay.url, pdd.main.url):
         deadline = time.monotonic() + 60
         while True:
             pool = {dict(k)["state"]: v for k, v in metric(url, "sglang_pdd_kv_pool_tokens").items()}
             rows = {dict(k)["state"]: v for k, v in metric(url, "sglang_pdd_req_rows").items()}
             held = sum(metric(url, "sglang_pdd_handoff_held_requests").values())
             idle = (pool and pool["available"] + pool["evictable"] == pool["total"] and pool["protected"] == 0
-                    and rows["free"] == IDLE_ROWS[url] and held == 0)
+                    and rows["free"] == pdd.idle_rows[url] and held == 0)
             if idle or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
         assert idle, (url, pool, rows, held)
-
-
-
-
-def test_relay_finishing_first_tells_main_which_lets_go(pdd, reference_server, prompts):
-    ids = prompts.ids(120, seed=50)
-    expected = greedy_ids(reference_server.url, ids, 8)
-    r = relayed_generate(pdd, greedy_body(ids, 8), main_delay_s=1.5)
-    assert r.relay["meta_info"]["finish_reason"]["type"] == "length"
-    assert r.tokens == expected
-    assert "error" in r.main or r.main["meta_info"]["finish_reason"]["type"] == "abort"
-    # MD let its KV land anyway (--pdd-relay-finished-kv keep): the next turn hits MD's cache
-    second = ids + r.tokens + prompts.ids(30, seed=51)
-    r2 = check(pdd, reference_server, second, n=120, main_delay_s=0.3)
-    assert r2.main["meta_info"]["cached_tokens"] >= len(ids)
-
-
-# -- catch-up: RLD hands over in chunks while it keeps decoding ---------------------------------
-
-def check_identity(reference_server, ids, n, r):
-    expected = greedy_ids(reference_server.url, ids, n)
-    assert r.relay["meta_info"]["finish_reason"]["type"] == "pdd_handoff", r.relay["meta_info"]
-    assert r.relay["output_ids"] == expected[: r.k]
-    assert r.main["output_ids"] == expected, f"k={r.k}"
-    assert r.tokens == expected
-
-
-@pytest.mark.parametrize("chunk", [1, 4, 16])
-def test_catch_up_handoff_is_token_identical(pdd, reference_server, prompts, chunk):
-    cases = [prompts.ids(300, seed=100 + 10 * chunk + i) for i in range(ATTEMPTS)]
-    chunks_before = relay_counter(pdd, "sglang_pdd_catchup_chunks_total")
-    r = relayed_with_eager(pdd, lambda i: greedy_body(cases[i], 400), chunk + 3, delay=0.6,
-                           main_extra={"handoff": "catch-up", "chunk": chunk})
-    check_identity(reference_server, cases[r.attempt], 400, r)
-    assert r.k > chunk + 2, "too few eager tokens for a catch-up"
-    assert relay_counter(pdd, "sglang_pdd_catchup_chunks_total") > chunks_before, f"k={r.k}: no non-final chunk"
-
-
-def test_concurrent_catch_up_handoffs(pdd, reference_server, prompts):
-    cases = [prompts.ids(250 + 40 * i, seed=110 + i) for i in range(3)]
-    out = concurrently(lambda i: check(pdd, reference_server, cases[i], n=400, main_delay_s=0.6 + 0.2 * i,
-                                       main_extra={"handoff": "catch-up", "chunk": 4}), len(cases))
-    assert all(r is not None for r in out)
-
-
-def test_catch_up_keeps_penalties_and_logprobs_exact(pdd, reference_server, prompts):
-    ids = prompts.ids(200, seed=120)
-    sp = {"frequency_penalty": 0.8, "presence_penalty": 0.3}
-    body = {**greedy_body(ids, 300, **sp), "return_logprob": True}
-    ref = generate(reference_server.url, body)["meta_info"]["output_token_logprobs"]
-    r = relayed_with_eager(pdd, lambda _: body, 10, main_extra={"handoff": "catch-up", "chunk": 3})
-    assert r.relay["meta_info"]["finish_reason"]["type"] == "pdd_handoff"
-    got = r.main["meta_info"]["output_token_logprobs"]
-    assert [t[1] for t in got] == [t[1] for t in ref], f"k={r.k}"
-    assert max(abs(a[0] - b[0]) for a, b in zip(got, ref)) < 1e-3, f"k={r.k}"
-
-
-def test_adaptive_mode_is_chosen_on_the_relay_and_counted(pdd, reference_server, prompts):
-    before = relay_counter(pdd, "sglang_pdd_handoff_mode_total")
-    check(pdd, reference_server, prompts.ids(120, seed=130), n=200, main_delay_s=0.6,
-          main_extra={"handoff": "adaptive", "chunk": 2})
-    modes = {(dict(k)["mode"], dict(k)["reason"]): v for k, v in metric(pdd.relay, "sglang_pdd_handoff_mode_total").items()}
-    assert relay_counter(pdd, "sglang_pdd_handoff_mode_total") == before + 1
-    # MD runs this request alone: a one-shot EXTEND stalls nobody (or all its tokens fit one chunk)
-    assert modes.get(("one-shot", "md_small_batch"), 0) + modes.get(("one-shot", "fits_one_chunk"), 0) >= 1
-    inputs = {dict(k)["input"]: v for k, v in metric(pdd.relay, "sglang_pdd_handoff_policy_input").items()}
-    assert set(inputs) == {"rld_running", "rld_kv_usage", "md_batch"} and inputs["rld_running"] >= 1

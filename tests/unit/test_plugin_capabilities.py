@@ -1,0 +1,43 @@
+"""The plugin's choice at load between a hook and an extension point of patches/ (plugin.CAPABILITIES).
+
+On the installed (stock) sglang every capability takes its hook; tests/unit/test_patches.py checks
+that on the patched copy every capability takes sglang's extension point instead.
+"""
+
+import logging
+
+import pytest
+
+pytest.importorskip("sglang.srt.plugins.hook_registry", reason="needs the sglang environment")
+
+from sglang_pdd import plugin  # noqa: E402
+
+TARGETS = {h.target for h in plugin.HOOKS}
+
+
+def test_every_capability_retires_hooks_of_the_table_and_probes_sglang():
+    for cap in plugin.CAPABILITIES:
+        assert cap.retires and set(cap.retires) <= TARGETS, cap
+        assert cap.probe.startswith("sglang.srt.") and ":" in cap.probe, cap
+        assert cap.patch.isdigit() and len(cap.patch) == 4, cap
+
+
+def test_on_stock_sglang_every_capability_takes_its_hook(caplog):
+    assert not any(plugin.capability_paths().values())
+    assert plugin.active_hooks() == plugin.HOOKS
+    with caplog.at_level(logging.INFO, logger=plugin.logger.name):
+        plugin._log_capabilities()
+    assert "input validation: hook (stock sglang, patch 0001 not applied)" in caplog.text
+
+
+def test_an_extension_point_that_exists_retires_its_hooks(caplog):
+    target = plugin.HOOKS[2].target
+    present = plugin.Capability("thing", "0009", "logging:Logger.info", (target,))
+    absent = plugin.Capability("other", "0010", "sglang.srt.no_such_module:Nothing", (plugin.HOOKS[3].target,))
+    hooks = plugin.active_hooks(caps=(present, absent))
+    assert [h.target for h in hooks] == [h.target for h in plugin.HOOKS if h.target != target]
+    assert plugin.capability_paths((present, absent)) == {"thing": True, "other": False}
+    with caplog.at_level(logging.INFO, logger=plugin.logger.name):
+        plugin._log_capabilities((present, absent))
+    assert f"thing: sglang's extension point (patch 0009); hook not registered: {target}" in caplog.text
+    assert "other: hook (stock sglang, patch 0010 not applied)" in caplog.text
