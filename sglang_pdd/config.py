@@ -90,6 +90,11 @@ FLAGS: tuple[FlagSpec, ...] = (
              "server with this flag. sglang itself honours seeds only under --enable-deterministic-inference, "
              "which needs a CUDA attention backend. 'auto': on for every PDD role, off on plain servers.",
              choices=("auto", "on", "off")),
+    FlagSpec("relays", str, "", "main: the relays this server trusts, as a comma-separated list of their token "
+             "channels (tcp://host:port, as the router's --relay names them). A relayed request naming any other "
+             "relay ends with an error; empty: no relayed request is accepted (P->MD only)."),
+    FlagSpec("kv_timeout", float, 300.0, "main: seconds a relayed request may wait for its KV (admitted, or "
+             "draining after the relay finished it) before MainDecode aborts it."),
     FlagSpec("handoff_timeout", float, 60.0, "main: seconds to wait for RelayDecode's eager tokens after "
              "the KV arrived before the request fails cleanly; relay: seconds a relayed request may wait "
              "for MainDecode after it finished locally."),
@@ -113,10 +118,17 @@ class PddConfig:
     packed_wan: str = "off"
     packed_wan_mb: int = 512
     seeded_sampling: str = "auto"
+    relays: str = ""
+    kv_timeout: float = 300.0
 
     @property
     def active(self) -> bool:
         return self.role is not None
+
+    @property
+    def relay_set(self) -> frozenset[str]:
+        """The token channels named by `--pdd-relays`."""
+        return frozenset(a.strip() for a in self.relays.split(",") if a.strip())
 
     @property
     def honours_seeds(self) -> bool:
@@ -149,7 +161,10 @@ class PddConfig:
         port = d.get("token_port")
         if port is not None and not 0 < int(port) < 65536:
             raise PddConfigError(f"--pdd-token-port: {port} is not a TCP port (1..65535)")
-        for name in ("main_bootstrap_timeout", "handoff_timeout"):
+        for addr in (a.strip() for a in str(d.get("relays") or "").split(",") if a.strip()):
+            if not _is_tcp_endpoint(addr):
+                raise PddConfigError(f"--pdd-relays: {addr!r} is not tcp://host:port")
+        for name in ("main_bootstrap_timeout", "handoff_timeout", "kv_timeout"):
             if name in d and not float(d[name]) > 0:
                 raise PddConfigError(f"--pdd-{name.replace('_', '-')}: must be > 0 seconds, got {d[name]}")
         if d.get("relay_finished_kv", "keep") not in ("keep", "abort"):
@@ -222,6 +237,11 @@ class PddConfig:
             extra = (f", handoff {self.handoff_mode} (chunk {self.catchup_chunk}, gap {self.catchup_gap}), "
                      f"handoff attention {self.handoff_attention}")
         return f"role={self.role.value}{extra}"
+
+
+def _is_tcp_endpoint(addr: str) -> bool:
+    host, sep, port = addr.removeprefix("tcp://").rpartition(":")
+    return addr.startswith("tcp://") and bool(sep and host) and port.isdigit() and 0 < int(port) < 65536
 
 
 @dataclass(frozen=True)

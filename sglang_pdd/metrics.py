@@ -122,6 +122,13 @@ def set_held(role: str, n: int) -> None:
     _gauge("handoff_held_requests", "Relayed requests waiting for their handoff", ("role",)).labels(role).set(n)
 
 
+def set_handoff_requests(role: str, by_state: dict[str, int]) -> None:
+    """Entries of a role's handoff table by state: a leak shows as a state that never drains."""
+    g = _gauge("handoff_requests", "Relayed requests in the handoff table, by state", ("role", "state"))
+    for state, n in by_state.items():
+        g.labels(role, state).set(n)
+
+
 def publish_pool_state(role: str, scheduler) -> None:
     """KV slots and request rows of a scheduler, so tests and operators can see leaks from outside."""
     alloc, tree, rows = scheduler.token_to_kv_pool_allocator, scheduler.tree_cache, scheduler.req_to_token_pool

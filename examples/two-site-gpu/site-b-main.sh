@@ -19,7 +19,7 @@ PDD_ARGS+=(
   --disaggregation-mode decode --disaggregation-decode-enable-radix-cache
   --kv-events-config "$kv_events"
   --pdd-role main --pdd-handoff-mode "$PDD_HANDOFF_MODE" --pdd-packed-wan "$PDD_PACKED_WAN"
-  --pdd-handoff-timeout "$PDD_HANDOFF_TIMEOUT_S"
+  --pdd-handoff-timeout "$PDD_HANDOFF_TIMEOUT_S" --pdd-relays "tcp://$PDD_RELAY_HOST:$PDD_TOKEN_PORT"
 )
 pdd_extra "$PDD_MAIN_EXTRA"
 pdd_run "$PDD_PYTHON" -m sglang.launch_server "${PDD_ARGS[@]}"

@@ -75,7 +75,7 @@ class PddRouted(UpstreamPD):
                    "--pdd-adaptive-md-batch", str(self.adaptive_md_batch)], **common), a_ns))
         md = g.start("main", InNamespace(ServerConfig(
             port=DECODE_PORT, host=b, nccl_port=DECODE_PORT + 1000, mode="decode", decode_radix_cache=True,
-            extra=["--pdd-role", "main", "--pdd-handoff-mode", self.handoff_mode,
+            extra=["--pdd-role", "main", "--pdd-relays", f"tcp://{a}:{TOKEN_PORT}", "--pdd-handoff-mode", self.handoff_mode,
                    "--pdd-packed-wan", self.packed_wan, "--kv-events-config",
                    json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{EVENTS_PORT}",
                                "replay_endpoint": f"tcp://*:{REPLAY_PORT}"})], **common), b_ns))

@@ -45,10 +45,23 @@ def after_add_request_to_queue(_result, scheduler, req, is_retracted=False, *a, 
     rt = runtime(scheduler)
     if rt is None or is_retracted:
         return
-    if hasattr(rt, "admit"):
-        rt.admit(req)
-    else:
-        rt.track(req)
+    try:
+        if hasattr(rt, "admit"):
+            rt.admit(req)
+        else:
+            rt.track(req)
+    except Exception as e:  # this request's problem: it ends with an error, the scheduler goes on
+        logger.exception("request %s: sglang-pdd could not take it", req.rid)
+        end_request(req, f"pdd: internal error taking the request: {type(e).__name__}: {e}")
+
+
+def end_request(req, message: str) -> None:
+    """End a request sglang just queued with an error, as sglang's own per-request errors do (the
+    decode prealloc queue streams the abort and frees what it holds)."""
+    from sglang.srt.disaggregation.utils import prepare_abort
+
+    req.to_finish = None
+    prepare_abort(req, message, status_code=500)
 
 
 def around_process_decode_queue(original, scheduler, *a, **kw):
@@ -105,4 +118,5 @@ def after_is_fully_idle(result, scheduler, *a, **kw):
 def after_abort_request(_result, scheduler, recv_req, *a, **kw) -> None:
     rt = runtime(scheduler)
     if rt is not None and hasattr(rt, "on_abort_request"):
-        rt.on_abort_request(recv_req.rid, getattr(recv_req, "abort_message", None))
+        rt.on_abort_request(recv_req.rid, getattr(recv_req, "abort_message", None),
+                            abort_all=bool(getattr(recv_req, "abort_all", False)))

@@ -39,6 +39,8 @@ def around_create_sender(original, queue, req, num_kv_heads):
         return original(queue, req, num_kv_heads)
     try:
         main_room = builder.main_room(req)
+        if main_room is not None:
+            builder.check_room_free(main_room, _rooms_in_flight(queue, req))
     except FanoutParamsError as e:
         _reject(queue, req, str(e))
         # The decodes sent this request are told at once, whether they registered already or later.
@@ -47,8 +49,19 @@ def around_create_sender(original, queue, req, num_kv_heads):
         return False
     ok = original(queue, req, num_kv_heads)
     if ok and main_room is not None:
-        builder.attach(queue, req, main_room)
+        try:
+            builder.attach(queue, req, main_room)
+        except Exception as e:  # the relay's sender stands; only MD's leg of this request is lost
+            logger.exception("room %s: no fan-out to main room %s", req.bootstrap_room, main_room)
+            REGISTRY.refuse(main_room)
+            refuse_room(queue.kv_manager, main_room, f"the prefill could not fan this request out: {e}")
     return ok
+
+
+def _rooms_in_flight(queue, req) -> set:
+    """Bootstrap rooms of the other requests in P's bootstrap and in-flight queues."""
+    reqs = [*getattr(queue, "queue", ()), *getattr(queue.scheduler, "disagg_prefill_inflight_queue", ())]
+    return {r.bootstrap_room for r in reqs if r is not req}
 
 
 def around_add_transfer_request(original, manager, room, *args, **kwargs):

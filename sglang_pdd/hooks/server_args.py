@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from sglang_pdd import __version__, config
+from sglang_pdd import __version__, config, supported
 
 logger = logging.getLogger(__name__)
 
@@ -22,8 +22,11 @@ def after_from_cli_args(server_args, _cls, args) -> None:
             disaggregation_mode=getattr(args, "disaggregation_mode", "null") or "null",
             decode_radix_cache=bool(getattr(args, "disaggregation_decode_enable_radix_cache", False)),
         )
+        problems = supported.unsupported(cfg, args)
     except config.PddConfigError as e:
         raise SystemExit(f"sglang-pdd: error: {e}") from None
+    if problems:
+        raise SystemExit("\n".join(f"sglang-pdd: error: {p}" for p in problems))
     if cfg.active:
         plugin.require_hooks_applied()
     server_args._pdd_config = cfg.to_json()  # bookkeeping: survives pickling to the schedulers

@@ -8,6 +8,10 @@ Per relayed request (MD's copy, keyed by the relay's address and room):
        |   \\_____________ Finished / Reject / timeout: an abort action _____________/
        +--(Finished, keep_kv)--> draining --(kv_arrived)--> an abort action that keeps the KV
 
+Every state has a deadline: admitted and draining (the KV has not landed) `kv_timeout_s` from
+admission, waiting_tokens and ready `timeout_s` from entering it; extending lasts one iteration. An
+entry whose request sglang ended itself (a failed transfer, an abort) is forgotten at the next `poll`.
+
 `admit` sends `Watch` at once, so a relay that finishes the request itself can say so while MD's WAN
 transfer is still running. `kv_arrived` sends `Ready(have=0, mode, chunk, gap, md_batch)`. Tokens
 must continue exactly where MD's KV ends (`start == have`). A non-final (catch-up) chunk is
@@ -32,6 +36,7 @@ ADMITTED, WAITING_TOKENS, READY = "admitted", "waiting_tokens", "ready"
 DRAINING = "draining"  # the relay finished the request; MD lets its KV land, keeps it, and ends it
 EXTENDING = "extending"  # a catch-up chunk is in this iteration's EXTEND batch
 HELD = (WAITING_TOKENS, READY, EXTENDING)
+STATES = (ADMITTED, DRAINING, *HELD)
 
 
 class Channel(Protocol):
@@ -72,6 +77,7 @@ class MainStats:
     handoff_tokens: int = 0
     relay_finished: int = 0
     failed: int = 0
+    ended_by_sglang: int = 0  # admitted or draining entries whose request sglang ended in its queues
     unknown_messages: int = 0
     chunks: int = 0
     chunk_tokens: int = 0
@@ -81,25 +87,33 @@ class MainStats:
 
 class MainHandoff:
     def __init__(self, channel: Channel, timeout_s: float, now: Callable[[], float] = time.monotonic,
-                 keep_kv_when_relay_finishes: bool = True, mode: str = "adaptive", chunk: int = 32, gap: int = 2):
+                 keep_kv_when_relay_finishes: bool = True, mode: str = "adaptive", chunk: int = 32, gap: int = 2,
+                 kv_timeout_s: float = 300.0):
         self.channel = channel
         self.mode, self.chunk, self.gap = mode, chunk, gap
         self.keep_kv = keep_kv_when_relay_finishes
         self.timeout_s = timeout_s
+        self.kv_timeout_s = kv_timeout_s
         self.now = now
         self.pending: dict[tuple[str, int], Pending] = {}
         self.by_rid: dict[str, tuple[str, int]] = {}
         self.stats = MainStats()
 
     # -- what the scheduler hook calls -------------------------------------------------------
-    def admit(self, req: Any, params: RequestParams) -> None:
+    def admit(self, req: Any, params: RequestParams) -> str | None:
+        """Track a relayed request and send `Watch`; the error that ends it instead, if any."""
         key = (params.relay, params.relay_room)
+        if key in self.pending:
+            return f"pdd: relay room {params.relay_room} of {params.relay} is already being handed over"
         self.pending[key] = Pending(req, params.relay, params.relay_room, since=self.now(),
                                     mode=params.handoff or self.mode, chunk=params.chunk or self.chunk,
                                     drop_eager_kv=params.test_drop_eager_kv)
         self.by_rid[req.rid] = key
         self.stats.admitted += 1
-        self.channel.send(params.relay, Watch(room=params.relay_room))
+        if not self.channel.send(params.relay, Watch(room=params.relay_room)):
+            self._forget(key)
+            return f"pdd: cannot reach the relay {params.relay}"
+        return None
 
     def is_relayed(self, req: Any) -> bool:
         return req.rid in self.by_rid
@@ -138,8 +152,10 @@ class MainHandoff:
             p = self.pending.get((addr, msg.room))
             if p is None:
                 self.stats.unknown_messages += 1
-                logger.warning("token channel: %s for unknown or finished room %s from %s",
-                               type(msg).__name__, msg.room, addr)
+                n = self.stats.unknown_messages
+                if n & (n - 1) == 0:  # the 1st, 2nd, 4th, 8th...: a flood cannot flood the log
+                    logger.warning("token channel: %s for unknown or finished room %s from %s (%d so far)",
+                                   type(msg).__name__, msg.room, addr, n)
                 continue
             if isinstance(msg, Tokens) and p.state == WAITING_TOKENS:
                 if msg.start != p.have or not msg.ids or (not msg.final and p.mode == "one-shot"):
@@ -147,6 +163,7 @@ class MainHandoff:
                                                 f"expected {p.mode} tokens from {p.have}"))
                 else:
                     p.tokens, p.logprobs, p.final, p.state = list(msg.ids), msg.logprobs, msg.final, READY
+                    p.since = self.now()
                     p.chosen = msg.mode
             elif isinstance(msg, Finished):
                 self.stats.relay_finished += 1
@@ -159,11 +176,35 @@ class MainHandoff:
                 aborts.append(self._fail(p, f"pdd: the relay rejected the handoff: {msg.reason}"))
             else:
                 aborts.append(self._fail(p, f"pdd: unexpected {type(msg).__name__} in state {p.state}"))
-        now = self.now()
-        for p in list(self.pending.values()):
-            if p.state == WAITING_TOKENS and now - p.since > self.timeout_s:
-                aborts.append(self._fail(p, f"pdd: no eager tokens from the relay within {self.timeout_s:g}s"))
+        aborts += self._expire(self.now())
         return aborts
+
+    def _expire(self, now: float) -> list[Abort]:
+        """Deadlines of every state; entries whose request sglang ended are forgotten."""
+        aborts = []
+        for key, p in list(self.pending.items()):
+            if p.state in (ADMITTED, DRAINING) and p.req.finished():
+                self._forget(key)  # sglang ended it in its own queues (transfer failed, aborted)
+                self.stats.ended_by_sglang += 1
+            elif p.state in (ADMITTED, DRAINING) and now - p.since > self.kv_timeout_s:
+                aborts.append(self._fail(p, f"pdd: the KV did not arrive within {self.kv_timeout_s:g}s"))
+            elif p.state == WAITING_TOKENS and now - p.since > self.timeout_s:
+                aborts.append(self._fail(p, f"pdd: no eager tokens from the relay within {self.timeout_s:g}s"))
+            elif p.state == READY and now - p.since > self.timeout_s:
+                aborts.append(self._fail(p, f"pdd: no room for the handoff EXTEND within {self.timeout_s:g}s"))
+        return aborts
+
+    def counts(self) -> dict[str, int]:
+        """Entries by state (every state, zeros included)."""
+        out = dict.fromkeys(STATES, 0)
+        for p in self.pending.values():
+            out[p.state] += 1
+        return out
+
+    def matching(self, rid: str, abort_all: bool = False) -> list[Pending]:
+        """Entries an AbortReq names: every one for abort_all, else those whose rid starts with `rid`
+        (sglang's own matching)."""
+        return [p for p in self.pending.values() if abort_all or (rid and p.req.rid.startswith(rid))]
 
     def take_ready(self, max_reqs: int, slot_budget: int, solo: Callable[[Any], bool] = lambda req: False,
                    cost: Callable[[Pending], int] = lambda p: len(p.tokens), final: bool = True) -> list[Pending]:

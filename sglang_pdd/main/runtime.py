@@ -22,9 +22,11 @@ class MainRuntime:
     def __init__(self, scheduler, cfg: PddConfig, secret: bytes):
         self.scheduler = scheduler
         self.channel = MainChannel(secret, vocab_size=scheduler.model_config.vocab_size)
+        self.relays = cfg.relay_set
         self.handoff = MainHandoff(self.channel, timeout_s=cfg.handoff_timeout,
                                    keep_kv_when_relay_finishes=cfg.relay_finished_kv == "keep",
-                                   mode=cfg.handoff_mode, chunk=cfg.catchup_chunk, gap=cfg.catchup_gap)
+                                   mode=cfg.handoff_mode, chunk=cfg.catchup_chunk, gap=cfg.catchup_gap,
+                                   kv_timeout_s=cfg.kv_timeout)
         self.last_extend = None  # the EXTEND batch that ran last iteration, merged on the next one
         self.chunk_batch = None  # this iteration's catch-up EXTEND, with its Pending items
         self._chunk_items: list = []
@@ -39,20 +41,37 @@ class MainRuntime:
 
     # -- admission --------------------------------------------------------------------------
     def admit(self, req: Any) -> None:
+        """A request sglang just queued. Its PDD parameters come from the client's body: a relay not
+        named by --pdd-relays, or any failure to take the request, ends that request, never the server."""
         try:
             params = parse(req.sampling_params.custom_params)
         except RequestParamsError as e:
-            from sglang.srt.disaggregation.utils import prepare_abort
-
-            req.to_finish = None
-            prepare_abort(req, str(e), status_code=400)
-            return
+            return self._refuse(req, str(e), status_code=400)
         if params is None or params.relay is None:
             return  # a plain P->MD request
+        if params.relay not in self.relays:
+            return self._refuse(req, f"pdd: relay {params.relay!r} is not one of this server's --pdd-relays",
+                                status_code=400)
         if self._testing and self._knobs and config.read_test_knobs().drop_eager_kv:
             params = msgspec.structs.replace(params, test_drop_eager_kv=True)
-        self.handoff.admit(req, params)
-        self._register_sockets()
+        try:
+            error = self.handoff.admit(req, params)
+            self._register_sockets()
+        except Exception as e:  # whatever went wrong concerns this request only
+            logger.exception("request %s: cannot take the relayed request", req.rid)
+            self.handoff.drop(req.rid)
+            error = f"pdd: cannot take the relayed request: {type(e).__name__}: {e}"
+        if error is not None:
+            self._refuse(req, error, status_code=503)
+
+    @staticmethod
+    def _refuse(req: Any, message: str, status_code: int) -> None:
+        """End a request sglang queued a moment ago (its prealloc queue streams the error and frees it)."""
+        from sglang.srt.disaggregation.utils import prepare_abort
+
+        logger.warning("request %s refused: %s", req.rid, message)
+        req.to_finish = None
+        prepare_abort(req, message, status_code=status_code)
 
     def _register_sockets(self) -> None:
         sleeper = getattr(self.scheduler, "idle_sleeper", None)
@@ -99,6 +118,7 @@ class MainRuntime:
         rejected = {**self.channel.rejected, "unknown_room": self.handoff.stats.unknown_messages}
         metrics.export_channel_rejects("main", rejected, self._rejects_seen)
         self._publish_held()
+        metrics.set_handoff_requests("main", self.handoff.counts())
         st = self.handoff.stats
         metrics.export_deltas({"chunks": st.chunks, "tokens": st.chunk_tokens}, self._chunks_seen,
                               lambda what, n: metrics.record_catchup("main", what, n))
@@ -123,18 +143,19 @@ class MainRuntime:
         # The prompt's KV is valid: keep it in the radix tree, so MD's cache stays aligned with P's.
         release_kv_cache(req, s.tree_cache, checkpoint=keep_kv)
 
-    def on_abort_request(self, rid: str, message: str | None) -> None:
-        """sglang's abort_request cannot see held requests; end them here."""
-        for req in list(self.handoff.held()):
-            if rid and req.rid.startswith(rid):
-                self.handoff.drop(req.rid)
-                from sglang_pdd.main.handoff import Abort
+    def on_abort_request(self, rid: str, message: str | None, abort_all: bool = False) -> None:
+        """After sglang's abort_request, which ended the requests still in its own queues (admitted,
+        draining): forget those, and end the held ones, which only this runtime sees."""
+        from sglang_pdd.main.handoff import Abort
 
-                self._abort(Abort(req, held=True, message=message or "Aborted by AbortReq.", relay_finished=False))
+        for p in self.handoff.matching(rid, abort_all):
+            held = self.handoff.drop(p.req.rid)
+            if held is not None:
+                self._abort(Abort(held, held=True, message=message or "Aborted by AbortReq.", relay_finished=False))
         self._publish_held()
 
     def busy(self) -> bool:
-        return bool(self.handoff.held()) or self.last_extend is not None
+        return bool(self.handoff.pending) or self.last_extend is not None
 
     # -- catch-up chunks: their EXTEND writes KV and nothing else ---------------------------------
     def owns(self, batch) -> bool:

@@ -1,9 +1,16 @@
 """The token channel: a ZMQ ROUTER on RelayDecode, DEALER sockets on MainDecode. Never blocks.
 
 Both ends poll from their scheduler loop (`poll()` returns at once). Every frame is HMAC'd
-(`FrameAuth`); a frame that fails authentication or decoding is dropped, logged once per reason and
-peer class, and counted in `rejected[reason]`. The sender of a well-formed message about something
-the receiver cannot serve gets a `Reject` (that decision belongs to the caller).
+(`FrameAuth`) over a header that binds it to its direction, connection (session) and sequence number
+(`protocol.replay`); a frame that fails authentication, decoding or that binding (replayed, reflected,
+from another peer) is dropped, logged once per reason, and counted in `rejected[reason]`. The sender
+of a well-formed message about something the receiver cannot serve gets a `Reject` (that decision
+belongs to the caller).
+
+Before authentication nothing is trusted: ZMQ drops a connection whose message exceeds `MAX_FRAME`
+(MAXMSGSIZE), queues at most `RCV_HWM` messages per peer, and `poll` reads (and MACs) at most
+`max_frames` frames per call whatever they turn out to be. ZMQ heartbeats and TCP keepalive notice a
+connection a middlebox dropped while idle.
 """
 
 from __future__ import annotations
@@ -16,8 +23,28 @@ import zmq
 from sglang_pdd.protocol import messages
 from sglang_pdd.protocol.auth import FrameAuth
 from sglang_pdd.protocol.messages import Message, ProtocolError
+from sglang_pdd.protocol.replay import (MAIN_TO_RELAY, RELAY_TO_MAIN, ReplayWindow, SessionGuard, new_session,
+                                        pack_header, unpack_header)
 
 logger = logging.getLogger(__name__)
+
+MAX_FRAME = 8 << 20  # bytes: a Tokens message of MAX_TOKENS_PER_MESSAGE ids and logprobs fits
+RCV_HWM = 1024
+SND_HWM = 10000
+HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS = 10_000, 30_000
+KEEPALIVE_IDLE_S, KEEPALIVE_INTVL_S, KEEPALIVE_CNT = 60, 10, 6
+MAX_FRAMES_PER_POLL = 1024
+MAX_PEERS = 4096  # MD connections a relay keeps reply state for (the least recent are forgotten)
+
+
+def configure(sock: zmq.Socket) -> None:
+    """Bounds and liveness every token-channel socket gets before it binds or connects."""
+    for opt, value in ((zmq.LINGER, 0), (zmq.MAXMSGSIZE, MAX_FRAME), (zmq.RCVHWM, RCV_HWM), (zmq.SNDHWM, SND_HWM),
+                       (zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS), (zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS),
+                       (zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS), (zmq.TCP_KEEPALIVE, 1),
+                       (zmq.TCP_KEEPALIVE_IDLE, KEEPALIVE_IDLE_S), (zmq.TCP_KEEPALIVE_INTVL, KEEPALIVE_INTVL_S),
+                       (zmq.TCP_KEEPALIVE_CNT, KEEPALIVE_CNT)):
+        sock.setsockopt(opt, value)
 
 
 class _Endpoint:
@@ -27,17 +54,19 @@ class _Endpoint:
         self._ctx = zmq.Context.instance()
         self.rejected: collections.Counter[str] = collections.Counter()
 
-    def _decode(self, frame: bytes, peer: str) -> Message | None:
-        try:
-            return messages.decode(self._auth.open(frame), vocab_size=self._vocab)
-        except ProtocolError as e:
-            if not self.rejected[e.reason]:
-                logger.warning("token channel: dropped a frame from %s: %s", peer, e)
-            self.rejected[e.reason] += 1
-            return None
+    def _reject(self, e: ProtocolError, peer: str) -> None:
+        if not self.rejected[e.reason]:
+            logger.warning("token channel: dropped a frame from %s: %s", peer, e)
+        self.rejected[e.reason] += 1
 
-    def _seal(self, msg: Message) -> bytes:
-        return self._auth.seal(messages.encode(msg))
+    def _open(self, frame: bytes) -> tuple[int, int, int, bytes]:
+        return unpack_header(self._auth.open(frame))
+
+    def _decode(self, payload: bytes) -> Message:
+        return messages.decode(payload, vocab_size=self._vocab)
+
+    def _seal(self, direction: int, session: int, seq: int, msg: Message) -> bytes:
+        return self._auth.seal(pack_header(direction, session, seq) + messages.encode(msg))
 
 
 class RelayChannel(_Endpoint):
@@ -46,14 +75,17 @@ class RelayChannel(_Endpoint):
     def __init__(self, bind: str, secret: bytes, vocab_size: int | None = None):
         super().__init__(secret, vocab_size)
         self.sock = self._ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
+        configure(self.sock)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.sock.bind(bind)
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._guard = SessionGuard(MAIN_TO_RELAY)
+        self._session_of: collections.OrderedDict[bytes, int] = collections.OrderedDict()  # peer -> session
+        self._sent: dict[int, int] = {}  # session -> seq of the last reply
 
-    def poll(self, max_messages: int = 1024) -> list[tuple[bytes, Message]]:
+    def poll(self, max_frames: int = MAX_FRAMES_PER_POLL) -> list[tuple[bytes, Message]]:
         out = []
-        while len(out) < max_messages:
+        for _ in range(max_frames):
             try:
                 frames = self.sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
@@ -62,14 +94,29 @@ class RelayChannel(_Endpoint):
                 self.rejected["malformed"] += 1
                 continue
             peer, frame = frames
-            msg = self._decode(frame, peer.hex())
-            if msg is not None:
-                out.append((peer, msg))
+            try:
+                direction, session, seq, payload = self._open(frame)
+                msg = self._decode(payload)
+                self._guard.check(direction, session, seq, peer)
+            except ProtocolError as e:
+                self._reject(e, peer.hex())
+                continue
+            self._session_of[peer] = session
+            self._session_of.move_to_end(peer)
+            while len(self._session_of) > MAX_PEERS:
+                self._sent.pop(self._session_of.popitem(last=False)[1], None)
+            out.append((peer, msg))
         return out
 
     def send(self, peer: bytes, msg: Message) -> bool:
+        session = self._session_of.get(peer)
+        if session is None:
+            logger.warning("token channel: no connection from peer %s (room %s)", peer.hex(), msg.room)
+            return False
+        seq = self._sent.get(session, 0) + 1
         try:
-            self.sock.send_multipart([peer, self._seal(msg)], zmq.NOBLOCK)
+            self.sock.send_multipart([peer, self._seal(RELAY_TO_MAIN, session, seq, msg)], zmq.NOBLOCK)
+            self._sent[session] = seq
             return True
         except (zmq.Again, zmq.ZMQError) as e:  # peer gone (ROUTER_MANDATORY) or queue full
             logger.warning("token channel: cannot send %s for room %s: %s", type(msg).__name__, msg.room, e)
@@ -79,54 +126,89 @@ class RelayChannel(_Endpoint):
         self.sock.close(0)
 
 
+class _Connection:
+    """One DEALER to one relay: its session, the seq it last sent, the window of the relay's replies."""
+
+    def __init__(self, sock: zmq.Socket):
+        self.sock = sock
+        self.session = new_session()
+        self.sent = 0
+        self.window = ReplayWindow()
+
+
 class MainChannel(_Endpoint):
     """MD side: one DEALER per relay address. `send(addr, message)`, `poll()` -> [(addr, message)]."""
 
     def __init__(self, secret: bytes, vocab_size: int | None = None):
         super().__init__(secret, vocab_size)
-        self._socks: dict[str, zmq.Socket] = {}
+        self._conns: dict[str, _Connection] = {}
         self._poller = zmq.Poller()
 
-    def _sock(self, addr: str) -> zmq.Socket:
-        s = self._socks.get(addr)
-        if s is None:
+    def _conn(self, addr: str) -> _Connection:
+        c = self._conns.get(addr)
+        if c is None:
             s = self._ctx.socket(zmq.DEALER)
-            s.setsockopt(zmq.LINGER, 0)
-            s.setsockopt(zmq.SNDHWM, 10000)
-            s.connect(addr)
-            self._socks[addr] = s
+            configure(s)
+            try:
+                s.connect(addr)
+            except zmq.ZMQError:
+                s.close(0)
+                raise
+            c = self._conns[addr] = _Connection(s)
             self._poller.register(s, zmq.POLLIN)
-        return s
+        return c
 
     def sockets(self) -> list[zmq.Socket]:
         """One DEALER per relay reached so far (the scheduler's idle poller waits on them too)."""
-        return list(self._socks.values())
+        return [c.sock for c in self._conns.values()]
 
     def send(self, addr: str, msg: Message) -> bool:
         try:
-            self._sock(addr).send(self._seal(msg), zmq.NOBLOCK)
+            c = self._conn(addr)
+        except zmq.ZMQError as e:  # e.g. an address zmq cannot parse: no socket is kept
+            logger.warning("token channel: cannot connect to %s (room %s): %s", addr, msg.room, e)
+            return False
+        try:
+            c.sock.send(self._seal(MAIN_TO_RELAY, c.session, c.sent + 1, msg), zmq.NOBLOCK)
+            c.sent += 1
             return True
-        except zmq.Again:
-            logger.warning("token channel: send queue to %s full (room %s)", addr, msg.room)
+        except zmq.ZMQError as e:  # zmq.Again: the send queue is full
+            logger.warning("token channel: cannot send to %s (room %s): %s", addr, msg.room, e)
             return False
 
-    def poll(self, max_messages: int = 1024) -> list[tuple[str, Message]]:
-        out = []
-        if not self._socks:
+    def poll(self, max_frames: int = MAX_FRAMES_PER_POLL) -> list[tuple[str, Message]]:
+        out: list[tuple[str, Message]] = []
+        if not self._conns:
             return out
         ready = dict(self._poller.poll(0))
-        for addr, s in self._socks.items():
-            while s in ready and len(out) < max_messages:
+        budget = max_frames
+        for addr, c in self._conns.items():
+            while c.sock in ready and budget > 0:
                 try:
-                    frame = s.recv(zmq.NOBLOCK)
+                    frame = c.sock.recv(zmq.NOBLOCK)
                 except zmq.Again:
                     break
-                msg = self._decode(frame, addr)
-                if msg is not None:
-                    out.append((addr, msg))
+                budget -= 1
+                try:
+                    direction, session, seq, payload = self._open(frame)
+                    msg = self._decode(payload)
+                    self._check(c, direction, session, seq)
+                except ProtocolError as e:
+                    self._reject(e, addr)
+                    continue
+                out.append((addr, msg))
         return out
 
+    @staticmethod
+    def _check(c: _Connection, direction: int, session: int, seq: int) -> None:
+        if direction != RELAY_TO_MAIN:
+            raise ProtocolError("reflected", f"a frame of direction {direction} arrived on the main side")
+        if session != c.session:
+            raise ProtocolError("peer", f"a reply for session {session:#x}, this connection is {c.session:#x}")
+        if not c.window.accept(seq):
+            raise ProtocolError("replay", f"reply {seq} seen already or too old")
+
     def close(self) -> None:
-        for s in self._socks.values():
-            s.close(0)
-        self._socks.clear()
+        for c in self._conns.values():
+            c.sock.close(0)
+        self._conns.clear()

@@ -10,21 +10,26 @@ into its pages when the room's transfer succeeded.
     region  [table: entries x 32 bytes][data: blocks, each at a 64-byte aligned offset]
     entry   <pos_page, n_pages, byte_off, tag>  int64 each; a zero entry ends the table
 
+The tag is the offer's: `block_tag(room, generation)`, drawn by MD per offer (the generation counts
+MD's offers), so an entry a late write puts into a region that has been released and offered to
+another room since carries a tag its new owner does not expect, and is rejected.
+
 A block is `kernels.PackLayout(num_tokens = n_pages * page_size)` of the pool's geometry. Pages not
 named by any entry were written page by page (P may fall back per chunk): MD leaves them alone.
 """
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from typing import NamedTuple
 
 import msgspec
 
-LANDING_VERSION = 1
+LANDING_VERSION = 2
 FRAME_MAGIC = b"PDD-LANDING\x00"
 ENTRY = struct.Struct("<qqqq")
-ENTRY_TAG = 0x5044444C414E4431  # "PDDLAND1"
+TAG_MASK = (1 << 63) - 1
 BLOCK_ALIGN = 64
 MODES = ("off", "plain", "fp8")
 
@@ -46,6 +51,7 @@ class LandingOffer(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     v_heads: int
     v_head_dim: int
     dtype: str  # "float16" | "bfloat16" | "float32"
+    tag: int = 0  # every block entry's tag (block_tag of the room and the offer's generation)
     fp8: bool = False
     v: int = LANDING_VERSION
 
@@ -56,6 +62,13 @@ class LandingOffer(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     def geometry(self) -> tuple:
         return (self.page_size, self.layers, self.k_heads, self.k_head_dim, self.v_heads, self.v_head_dim,
                 self.dtype)
+
+
+def block_tag(room: int, generation: int) -> int:
+    """The tag of a region's block entries for one offer: never zero (a zero entry ends a table)."""
+    digest = hashlib.blake2b(struct.pack("<QQ", room & (2**64 - 1), generation & (2**64 - 1)), digest_size=8,
+                             person=b"pdd-landing").digest()
+    return (int.from_bytes(digest, "little") & TAG_MASK) or 1
 
 
 _ENCODER = msgspec.msgpack.Encoder()
@@ -83,6 +96,8 @@ def decode_offer(frame: bytes) -> LandingOffer | None:
         raise LandingError(f"landing offer with a non-positive size: {offer}")
     if offer.data_off < offer.table_entries * ENTRY.size or offer.data_off % BLOCK_ALIGN or offer.data_off > offer.size:
         raise LandingError(f"landing offer's data area overlaps its table or the region: {offer}")
+    if not 0 < offer.tag <= TAG_MASK:
+        raise LandingError(f"landing offer without a block tag: {offer}")
     if offer.dtype not in ("float16", "bfloat16", "float32"):
         raise LandingError(f"landing offer dtype {offer.dtype!r}")
     return offer
@@ -93,19 +108,21 @@ class BlockEntry(NamedTuple):
     n_pages: int
     byte_off: int  # offset of the block in the data area
 
-    def encode(self) -> bytes:
-        return ENTRY.pack(self.pos_page, self.n_pages, self.byte_off, ENTRY_TAG)
+    def encode(self, tag: int) -> bytes:
+        return ENTRY.pack(self.pos_page, self.n_pages, self.byte_off, tag)
 
 
-def decode_table(raw: bytes) -> list[BlockEntry]:
-    """The entries of a block table, up to the first zero entry; LandingError on a corrupt entry."""
-    out = []
+def decode_table(raw: bytes, tag: int) -> list[BlockEntry]:
+    """The entries of a block table, up to the first zero entry; LandingError on a corrupt entry or
+    one whose tag is not `tag` (written for another owner of the region, or half written)."""
+    out, expected = [], tag
     for i in range(len(raw) // ENTRY.size):
         pos, n, off, tag = ENTRY.unpack_from(raw, i * ENTRY.size)
         if pos == n == off == tag == 0:
             break
-        if tag != ENTRY_TAG:
-            raise LandingError(f"block table entry {i}: bad tag {tag:#x}")
+        if tag != expected:
+            raise LandingError(f"block table entry {i}: bad tag {tag:#x} (a write for another owner of the "
+                               "region, or a half-written entry)")
         out.append(BlockEntry(pos, n, off))
     return out
 

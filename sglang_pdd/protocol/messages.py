@@ -23,7 +23,7 @@ import msgspec
 
 from sglang_pdd.protocol import PROTOCOL_VERSION
 
-MAX_TOKENS_PER_MESSAGE = 1 << 20
+MAX_TOKENS_PER_MESSAGE = 1 << 18  # a frame of that many ids and logprobs stays under channel.MAX_FRAME
 
 
 class ProtocolError(ValueError):

@@ -121,6 +121,15 @@ class FanoutBuilder:
                                     f"({req.bootstrap_room}): the main decode needs a room of its own")
         return params.main_room
 
+    def check_room_free(self, main_room: int, rooms_in_flight) -> None:
+        """FanoutParamsError unless `main_room` is no room this prefill already serves: a leg of an
+        open fan-out, a room it refuses, or the bootstrap room of a request in its queues (a client
+        naming another request's room would have P send that request's room a second prompt's KV)."""
+        r = self.registry
+        if r.is_main(main_room) or r.is_relay(main_room) or r.refuses(main_room) or main_room in rooms_in_flight:
+            raise FanoutParamsError(f"custom_params.pdd.main_room {main_room} is a room this prefill already "
+                                    "serves or refused")
+
     def attach(self, queue: Any, req: Any, main_room: int) -> FanoutSender | None:
         """Wrap the relay sender sglang just built; None when this request cannot fan out."""
         relay = req.disagg_kv_sender

@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from sglang_pdd.kernels.kv_pack import unpack_kv
-from sglang_pdd.protocol.landing import ENTRY, BlockEntry, LandingError, LandingOffer, align_up, decode_table, encode_offer
+from sglang_pdd.protocol.landing import (ENTRY, BlockEntry, LandingError, LandingOffer, align_up, block_tag,
+                                         decode_table, encode_offer)
 from sglang_pdd.transfer.kv_pool_view import KVPoolView, view_of
 from sglang_pdd.transfer.landing_arena import LandingArena
 
@@ -57,6 +58,7 @@ class PackedReceiver:
         self.buffer: torch.Tensor | None = None
         self._registered: set[int] = set()  # engines (id) the buffer is registered with
         self._regions: dict[int, _Region] = {}
+        self._generation = 0  # offers made so far: with the room, it draws each offer's block tag
         self._lock = threading.Lock()
         self._record = record
         self._skip_unpack = skip_unpack  # test only: a negative control (config.TestKnobs)
@@ -88,7 +90,9 @@ class PackedReceiver:
             geo = view.geometry()
             offer = LandingOffer(ptr=buf.data_ptr() + off, size=size, table_entries=entries, data_off=data_off,
                                  page_size=geo[0], num_pages=len(pages), layers=geo[1], k_heads=geo[2],
-                                 k_head_dim=geo[3], v_heads=geo[4], v_head_dim=geo[5], dtype=geo[6], fp8=fp8)
+                                 k_head_dim=geo[3], v_heads=geo[4], v_head_dim=geo[5], dtype=geo[6], fp8=fp8,
+                                 tag=block_tag(room, self._generation))
+            self._generation += 1
             frame = encode_offer(offer)
             self._regions[room] = _Region(off, size, offer, np.array(pages, dtype=np.int64), frame)
         self._record("offered")
@@ -152,7 +156,7 @@ class PackedReceiver:
         base = region.off
         offer = region.offer
         table = self.buffer[base: base + offer.table_entries * ENTRY.size].numpy().tobytes()
-        entries = decode_table(table)
+        entries = decode_table(table, offer.tag)
         if self._skip_unpack():
             return 0
         covered = np.zeros(offer.num_pages, dtype=bool)

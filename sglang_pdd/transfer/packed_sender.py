@@ -145,7 +145,7 @@ class PackedSender:
               nbytes: int) -> torch.Tensor:
         """The registered staging buffer holding the block's table entry, then the block."""
         staging = self._staging(manager, HEADER + nbytes)
-        staging[:ENTRY.size] = torch.frombuffer(bytearray(entry.encode()), dtype=torch.uint8)
+        staging[:ENTRY.size] = torch.frombuffer(bytearray(entry.encode(offer.tag)), dtype=torch.uint8)
         slots = view.slots(pages)
         if view.device.type == "cpu":
             pack_kv(view.k, view.v, slots, fp8=offer.fp8, out=staging[HEADER: HEADER + nbytes])

@@ -129,7 +129,8 @@ def start_pdd(server_group, model: str, *, base_port: int, bootstrap_port: int, 
         env={ENV_TEST_KNOBS: files["relay"]}))
     md = server_group.start(f"pdd-main-{base_port + 2}", ServerConfig(
         port=base_port + 2, nccl_port=base_port + 1002, mode="decode", decode_radix_cache=True, **common,
-        extra=["--pdd-role", "main", *timeout, *main_extra], env={ENV_TEST_KNOBS: files["main"]}))
+        extra=["--pdd-role", "main", "--pdd-relays", f"tcp://127.0.0.1:{token_port}", *timeout, *main_extra],
+        env={ENV_TEST_KNOBS: files["main"]}))
     for s in (p, rld, md):
         s.wait_ready()
     idle = {s.url: wait_for_metric(s.url, "sglang_pdd_req_rows", "free") for s in (rld, md)}

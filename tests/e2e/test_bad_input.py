@@ -28,6 +28,8 @@ def launch_fails(model: str, *flags: str) -> str:
     (["--pdd-role", "relai"], "argument --pdd-role: invalid choice: 'relai' (choose from 'prefill', 'relay', 'main')"),
     (["--pdd-role", "relay"], "--pdd-role relay runs on --disaggregation-mode decode, got --disaggregation-mode null"),
     (["--pdd-role", "main", "--disaggregation-mode", "decode"], "--pdd-role main needs --disaggregation-decode-enable-radix-cache"),
+    (["--pdd-role", "relay", "--pdd-token-port", "18500", "--disaggregation-mode", "decode"],
+     "sglang-pdd: error: --pdd-role relay runs only with sglang's non-overlap scheduler"),
 ])
 def test_bad_pdd_flags_fail_at_startup_with_a_message_naming_them(private_netns, tiny_model, flags, expected):
     assert expected in launch_fails(tiny_model, *flags)

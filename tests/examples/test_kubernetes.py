@@ -16,7 +16,7 @@ import subprocess
 import pytest
 import yaml
 
-from sglang_pdd import config
+from sglang_pdd import config, supported
 
 from .conftest import EXAMPLES
 from .kustomize_lite import apply_op, render
@@ -129,6 +129,9 @@ def test_every_flag_exists_and_the_decode_roles_run_tp1_without_overlap(site, se
         assert d["spec"]["template"]["spec"]["hostNetwork"] is True
         if role in ("relay", "main"):
             assert ns.tp_size == 1 and ns.disable_overlap_schedule, role
+        assert supported.unsupported(cfg, ns) == [], role
+        if role == "main":  # MD trusts the relay the router names
+            assert cfg.relay_set == {f"tcp://{settings['PDD_RELAY_HOST']}:18500"}
 
 
 def test_the_secret_is_a_mounted_file(site):

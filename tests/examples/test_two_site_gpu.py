@@ -17,7 +17,7 @@ import sysconfig
 
 import pytest
 
-from sglang_pdd import config
+from sglang_pdd import config, supported
 from sglang_pdd.roles import Role
 
 from .conftest import EXAMPLES
@@ -104,6 +104,7 @@ def test_every_server_flag_exists_in_sglang_and_the_plugin(server_parser, env_fi
             pytest.fail(f"{role}: {e}")
         cfg = config.from_cli_args(ns, ns.disaggregation_mode, ns.disaggregation_decode_enable_radix_cache)
         assert cfg.role.value == role
+        assert supported.unsupported(cfg, ns) == [], role
         assert ns.disaggregation_transfer_backend == ("mooncake_tcp" if transport == "tcp" else "mooncake")
 
 

@@ -120,7 +120,7 @@ class Link:
 
     def table(self, room: int) -> list:
         off, offer = self.region(room)
-        return decode_table(self.rx.buffer[off: off + offer.table_entries * ENTRY.size].numpy().tobytes())
+        return decode_table(self.rx.buffer[off: off + offer.table_entries * ENTRY.size].numpy().tobytes(), offer.tag)
 
     def write_table(self, room: int, raw: bytes) -> None:
         off, _ = self.region(room)

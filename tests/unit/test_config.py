@@ -54,6 +54,18 @@ def test_bad_numeric_flags_name_themselves(argv, match):
         config.from_cli_args(parse(*argv))
 
 
+def test_relays_name_the_token_channels_main_trusts():
+    cfg = config.from_cli_args(parse("--pdd-relays", "tcp://10.0.0.5:18500, tcp://rld-b:18501"))
+    assert cfg.relay_set == {"tcp://10.0.0.5:18500", "tcp://rld-b:18501"}
+    assert PddConfig().relay_set == frozenset()
+
+
+@pytest.mark.parametrize("value", ["10.0.0.5:18500", "tcp://10.0.0.5", "tcp://:18500", "tcp://h:0", "tcp://h:x"])
+def test_a_relay_that_is_not_tcp_host_port_is_refused_at_start_up(value):
+    with pytest.raises(PddConfigError, match="--pdd-relays: .* is not tcp://host:port"):
+        config.from_cli_args(parse("--pdd-relays", f"tcp://ok:1,{value}"))
+
+
 def test_main_requires_the_decode_radix_cache():
     with pytest.raises(PddConfigError, match="--disaggregation-decode-enable-radix-cache"):
         config.from_cli_args(parse("--pdd-role", "main"), disaggregation_mode="decode", decode_radix_cache=False)
@@ -96,6 +108,8 @@ NON_DEFAULT = {
     "adaptive_rld_kv": 0.25,
     "handoff_timeout": 7.5,
     "seeded_sampling": "on",
+    "relays": "tcp://10.0.0.5:18500,tcp://rld-b:18501",
+    "kv_timeout": 90.0,
 }
 
 

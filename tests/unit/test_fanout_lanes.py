@@ -169,3 +169,15 @@ def test_a_refused_registration_is_told_it_failed_and_forgotten():
     assert R2 not in kv.transfer_infos and R2 not in kv.req_to_decode_prefix_len and R2 not in kv.request_status
     refuse_room(kv, R2, "rejected")  # nobody registered: nothing to tell
     assert len(kv.status_messages) == 1
+
+
+@pytest.mark.parametrize("taken", ["open main leg", "open relay leg", "refused", "another request's room"])
+def test_a_main_room_this_prefill_already_serves_is_refused(taken):
+    reg = FanoutRegistry()
+    reg.open(relay_room=100, main_room=200)
+    reg.refuse(300)
+    room = {"open main leg": 200, "open relay leg": 100, "refused": 300, "another request's room": 400}[taken]
+    builder = FanoutBuilder(reg, main_bootstrap_timeout=1.0)
+    with pytest.raises(FanoutParamsError, match=f"main_room {room} is a room this prefill already serves"):
+        builder.check_room_free(room, rooms_in_flight={400, 401})
+    builder.check_room_free(555, rooms_in_flight={400, 401})  # a fresh room is fine

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from sglang_pdd.protocol.landing import ENTRY, ENTRY_TAG, BlockEntry, align_up, decode_offer
+from sglang_pdd.protocol.landing import ENTRY, BlockEntry, align_up, decode_offer
 from sglang_pdd.transfer.kv_pool_view import ATTR, view_of
 from sglang_pdd.transfer.packed_receiver import FAILED, SUCCESS, PackedReceiver, region_size
 
@@ -207,18 +207,18 @@ def _n(link, pages: int) -> int:
 
 
 CORRUPT = {
-    "bad-tag": (lambda link, o: ENTRY.pack(0, 1, 0, ENTRY_TAG + 1), "bad tag"),
-    "past-last-page": (lambda link, o: BlockEntry(3, 2, 0).encode(), "outside the room's 4 pages"),
-    "negative-page": (lambda link, o: BlockEntry(-1, 1, 0).encode(), "outside"),
-    "no-pages": (lambda link, o: BlockEntry(0, 0, 64).encode(), "outside"),
-    "overlapping-pages": (lambda link, o: BlockEntry(0, 2, 0).encode()
-                          + BlockEntry(1, 1, align_up(_n(link, 2))).encode(), "overlaps an earlier block"),
-    "overlapping-bytes": (lambda link, o: BlockEntry(0, 1, 0).encode() + BlockEntry(1, 1, 0).encode(),
+    "bad-tag": (lambda link, o: ENTRY.pack(0, 1, 0, o.tag ^ 1), "bad tag"),
+    "past-last-page": (lambda link, o: BlockEntry(3, 2, 0).encode(o.tag), "outside the room's 4 pages"),
+    "negative-page": (lambda link, o: BlockEntry(-1, 1, 0).encode(o.tag), "outside"),
+    "no-pages": (lambda link, o: BlockEntry(0, 0, 64).encode(o.tag), "outside"),
+    "overlapping-pages": (lambda link, o: BlockEntry(0, 2, 0).encode(o.tag)
+                          + BlockEntry(1, 1, align_up(_n(link, 2))).encode(o.tag), "overlaps an earlier block"),
+    "overlapping-bytes": (lambda link, o: BlockEntry(0, 1, 0).encode(o.tag) + BlockEntry(1, 1, 0).encode(o.tag),
                           "overlaps the previous block"),
-    "past-data-area": (lambda link, o: BlockEntry(0, 1, align_up(o.data_size)).encode(), "past the data area"),
-    "huge-block": (lambda link, o: BlockEntry(0, 4, 64 * 40).encode(), "past the data area"),
-    "misaligned": (lambda link, o: BlockEntry(0, 1, 32).encode(), "misaligned"),
-    "negative-offset": (lambda link, o: BlockEntry(0, 1, -64).encode(), "overlaps the previous block"),
+    "past-data-area": (lambda link, o: BlockEntry(0, 1, align_up(o.data_size)).encode(o.tag), "past the data area"),
+    "huge-block": (lambda link, o: BlockEntry(0, 4, 64 * 40).encode(o.tag), "past the data area"),
+    "misaligned": (lambda link, o: BlockEntry(0, 1, 32).encode(o.tag), "misaligned"),
+    "negative-offset": (lambda link, o: BlockEntry(0, 1, -64).encode(o.tag), "overlaps the previous block"),
 }
 
 
@@ -241,7 +241,7 @@ def test_a_corrupt_entry_after_good_blocks_still_fails_the_request():
     assert link.tx.send(link.p, "s", np.asarray(SRC[:2]), np.asarray(DST[:2])) == 0
     off, offer = link.region(7)
     link.rx.buffer[off + 2 * ENTRY.size: off + 3 * ENTRY.size] = torch.frombuffer(
-        bytearray(BlockEntry(0, 1, 4096).encode()), dtype=torch.uint8)  # page 0 again
+        bytearray(BlockEntry(0, 1, 4096).encode(offer.tag)), dtype=torch.uint8)  # page 0 again
     status, reason = link.rx.on_poll(link.md, 7, SUCCESS)
     assert status == FAILED and "overlaps an earlier block" in reason
 
@@ -267,3 +267,20 @@ def test_the_receiver_keeps_serving_after_a_corrupt_room():
 
 def test_mode_is_read_per_receiver():
     assert PackedReceiver("fp8", 1 << 16).arena.nbytes == 1 << 16
+
+
+def test_a_write_delayed_past_the_quarantine_is_rejected_by_the_regions_next_owner():
+    link = make_link()
+    clock = clocked(link)
+    link.open_room(7, DST)  # P has room 7's offer; its write is delayed
+    off7, _ = link.region(7)
+    link.rx.release(7)  # MD gave room 7 up: its region is quarantined...
+    clock.now += link.rx.arena.grace_s + 1  # ...and released; room 8 is offered the same region
+    other = [0, 2, 4, 6]
+    link.rx.offer(link.md, 8, np.asarray(other))
+    assert link.region(8)[0] == off7
+    before = link.md.pool.snapshot()
+    assert link.tx.send(link.p, "s", np.asarray(SRC), np.asarray(DST)) == 0  # room 7's late write lands
+    status, reason = link.rx.on_poll(link.md, 8, SUCCESS)
+    assert status == FAILED and "bad tag" in reason and "another owner" in reason
+    assert_untouched(link, before, [])  # room 7's KV went nowhere in MD's pool

@@ -13,7 +13,8 @@ import pytest
 from sglang_pdd.protocol.landing import (
     BLOCK_ALIGN,
     ENTRY,
-    ENTRY_TAG,
+    TAG_MASK,
+    block_tag,
     FRAME_MAGIC,
     LANDING_VERSION,
     BlockEntry,
@@ -30,7 +31,7 @@ from sglang_pdd.transfer.packed_sender import METADATA_FRAMES, OFFER_ATTR, read_
 
 def offer(**kw) -> LandingOffer:
     base = dict(ptr=1 << 20, size=4096, table_entries=4, data_off=128, page_size=4, num_pages=4, layers=2,
-                k_heads=2, k_head_dim=8, v_heads=2, v_head_dim=4, dtype="float16")
+                k_heads=2, k_head_dim=8, v_heads=2, v_head_dim=4, dtype="float16", tag=block_tag(7, 0))
     return LandingOffer(**{**base, **kw})
 
 
@@ -78,6 +79,8 @@ def test_a_frame_without_the_magic_is_not_a_landing_frame(frame):
     (raw_frame(offer_fields(data_off=192 + 8)), "overlaps its table"),  # misaligned
     (raw_frame(offer_fields(data_off=8192)), "overlaps its table"),  # past the region
     (raw_frame(offer_fields(dtype="int8")), "dtype"),
+    (raw_frame(offer_fields(tag=0)), "without a block tag"),  # version 1 offers had none
+    (raw_frame(offer_fields(tag=-5)), "without a block tag"),
 ])
 def test_an_unusable_landing_frame_raises_landing_error(frame, match):
     with pytest.raises(LandingError, match=match):
@@ -93,28 +96,40 @@ def test_offer_with_an_empty_data_area_is_still_valid():
 # -- block table ---------------------------------------------------------------------------------------
 
 
+TAG = block_tag(room=7, generation=0)
+
+
 def test_block_table_round_trips_and_stops_at_the_first_zero_entry():
     entries = [BlockEntry(0, 2, 0), BlockEntry(2, 1, 640), BlockEntry(5, 3, 1280)]
-    raw = b"".join(e.encode() for e in entries) + bytes(ENTRY.size) + BlockEntry(9, 1, 64).encode()
-    assert decode_table(raw) == entries
-    assert decode_table(bytes(4 * ENTRY.size)) == []
-    assert decode_table(b"") == []
+    raw = b"".join(e.encode(TAG) for e in entries) + bytes(ENTRY.size) + BlockEntry(9, 1, 64).encode(TAG)
+    assert decode_table(raw, TAG) == entries
+    assert decode_table(bytes(4 * ENTRY.size), TAG) == []
+    assert decode_table(b"", TAG) == []
     assert ENTRY.size == 32
-    assert ENTRY.unpack(entries[1].encode()) == (2, 1, 640, ENTRY_TAG)
+    assert ENTRY.unpack(entries[1].encode(TAG)) == (2, 1, 640, TAG)
 
 
 def test_a_full_table_without_a_terminator_decodes_every_entry():
     entries = [BlockEntry(i, 1, i * 64) for i in range(4)]
-    assert decode_table(b"".join(e.encode() for e in entries)) == entries
+    assert decode_table(b"".join(e.encode(TAG) for e in entries), TAG) == entries
 
 
 def test_block_table_with_a_bad_tag_raises():
-    good = BlockEntry(0, 1, 0).encode()
-    bad = ENTRY.pack(1, 1, 64, ENTRY_TAG ^ 1)
+    good = BlockEntry(0, 1, 0).encode(TAG)
+    bad = ENTRY.pack(1, 1, 64, TAG ^ 1)
     with pytest.raises(LandingError, match="entry 1: bad tag"):
-        decode_table(good + bad)
+        decode_table(good + bad, TAG)
     with pytest.raises(LandingError, match="bad tag 0x0"):  # a half-written entry: tag still zero
-        decode_table(ENTRY.pack(0, 1, 0, 0))
+        decode_table(ENTRY.pack(0, 1, 0, 0), TAG)
+
+
+def test_block_tags_are_bound_to_the_room_and_the_generation():
+    tags = {block_tag(room, gen) for room in (0, 7, 2**63 - 1) for gen in range(50)}
+    assert len(tags) == 150 and all(0 < t <= TAG_MASK for t in tags)
+    assert block_tag(7, 3) == block_tag(7, 3)  # P and MD agree through the offer, not by computing it
+    entry = BlockEntry(0, 1, 0).encode(block_tag(7, 0))
+    with pytest.raises(LandingError, match="another owner of the region"):  # the region's next owner
+        decode_table(entry, block_tag(8, 1))
 
 
 def test_align_up():

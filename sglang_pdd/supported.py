@@ -1,0 +1,50 @@
+"""What each PDD role is proven with; a role started with anything else exits at start-up.
+
+RelayDecode and MainDecode end and take over requests between two decode steps of sglang's
+non-overlap scheduler loop, in one scheduler per server (the token channel, the handoff tables and
+the held requests live in the attention-TP rank 0 scheduler). Until they are proven elsewhere they
+run only with `--disable-overlap-schedule`, TP 1, no PP, no data parallelism (replicas or DP
+attention). Every role's transfer hooks are Mooncake's (`mooncake`, `mooncake_tcp`).
+
+`unsupported(cfg, args)` reads sglang's parsed flags (an argparse namespace or ServerArgs) and
+returns one line per problem, each naming the flag and what to do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sglang_pdd.config import PddConfig
+from sglang_pdd.roles import Role
+
+MOONCAKE_BACKENDS = ("mooncake", "mooncake_tcp")
+
+
+def _int(args: Any, name: str, default: int = 1) -> int:
+    value = getattr(args, name, default)
+    return default if value is None else int(value)
+
+
+def unsupported(cfg: PddConfig, args: Any) -> list[str]:
+    if not cfg.active:
+        return []
+    role = f"--pdd-role {cfg.role.value}"
+    out = []
+    backend = getattr(args, "disaggregation_transfer_backend", "mooncake") or "mooncake"
+    if backend not in MOONCAKE_BACKENDS:
+        out.append(f"{role} runs only on a Mooncake transfer backend, got --disaggregation-transfer-backend "
+                   f"{backend}: use --disaggregation-transfer-backend mooncake (or mooncake_tcp)")
+    if cfg.role is Role.PREFILL:
+        return out
+    why = "a handoff ends a request between two decode steps of one scheduler"
+    if not getattr(args, "disable_overlap_schedule", False):
+        out.append(f"{role} runs only with sglang's non-overlap scheduler ({why}; the overlap loop, sglang's "
+                   "default, does not guarantee it): add --disable-overlap-schedule")
+    for flag, name in (("--tp-size", "tp_size"), ("--pp-size", "pp_size"), ("--dp-size", "dp_size"),
+                       ("--attn-dp-size", "attn_dp_size")):
+        if _int(args, name) > 1:
+            out.append(f"{role} runs only at {flag} 1, got {flag} {_int(args, name)} ({why}): start one "
+                       f"{cfg.role.value} server per GPU with {flag} 1")
+    if getattr(args, "enable_dp_attention", False):
+        out.append(f"{role} does not run with DP attention ({why}): drop --enable-dp-attention")
+    return out

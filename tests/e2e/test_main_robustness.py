@@ -1,0 +1,93 @@
+"""MainDecode on real sglang stays up and clean whatever one request does: a relay it was not told
+about ends that request with a clear error (the next request is served), and clients that go away
+before their KV landed leave MD's handoff tables, request rows and KV pool at their idle values."""
+
+import json
+import random
+import socket
+import time
+
+import pytest
+
+from sglang_pdd.protocol.request import RequestParams, with_params
+from sglang_pdd.testing.client import greedy_body, greedy_ids, pd_generate
+from sglang_pdd.testing.servers import http_json
+
+from .cluster import by_state, start_pd, wait_for_metric
+
+pytestmark = pytest.mark.e2e
+
+TRUSTED_RELAY = "tcp://127.0.0.1:18591"  # named at start-up; nothing listens there (no RLD in this module)
+BOOT = 8992
+NEW = 8
+
+
+@pytest.fixture(scope="module")
+def pd(server_group, tiny_model):
+    pd = start_pd(server_group, tiny_model, base_port=31200, bootstrap_port=BOOT, decode_radix_cache=True,
+                  prefill_extra=["--pdd-role", "prefill"],
+                  decode_extra=["--pdd-role", "main", "--pdd-relays", TRUSTED_RELAY, "--pdd-handoff-timeout", "10"])
+    pd.idle_rows = wait_for_metric(pd.decode.url, "sglang_pdd_req_rows", "free")
+    return pd
+
+
+def free_kv(pd) -> float:
+    """KV slots MD can hand out: free, or held only by its radix cache (evictable)."""
+    kv = by_state(pd.decode.url, "sglang_pdd_kv_pool_tokens")
+    return kv["available"] + kv["evictable"]
+
+
+def relayed_body(ids, relay: str, room: int) -> dict:
+    body = {**greedy_body(ids, NEW), "bootstrap_host": "127.0.0.1", "bootstrap_port": BOOT, "bootstrap_room": room}
+    return with_params(body, RequestParams(v=1, relay_room=random.getrandbits(63), relay=relay))
+
+
+def test_an_untrusted_relay_ends_that_request_and_main_keeps_serving(pd, reference_server, prompts):
+    ids = prompts.ids(40, seed=61)
+    status, out = http_json(pd.decode.url + "/generate", relayed_body(ids, "tcp://nohost", random.getrandbits(63)),
+                            timeout=60)
+    assert status == 400, out
+    assert "--pdd-relays" in out["error"]["message"] and "tcp://nohost" in out["error"]["message"]
+    out = pd_generate(pd.prefill.url, pd.decode.url, "127.0.0.1", BOOT, greedy_body(ids, NEW))
+    assert out["output_ids"] == greedy_ids(reference_server.url, ids, NEW)
+    assert pd.decode.alive()
+
+
+def open_stream(url: str, body: dict) -> socket.socket:
+    """A streamed /generate whose client goes away when the socket is closed."""
+    host, port = url.removeprefix("http://").split(":")
+    s = socket.create_connection((host, int(port)))
+    data = json.dumps({**body, "stream": True}).encode()
+    s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+    return s
+
+
+def wait_until(check, what: str, timeout_s: float = 60.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not reached within {timeout_s:g}s")
+        time.sleep(0.5)
+
+
+N_DISCONNECTS = 20
+
+
+def test_clients_that_leave_before_their_kv_lands_leave_main_idle(pd, prompts):
+    idle_kv = wait_until(lambda: free_kv(pd), "MD's KV pool published")
+    # P is never asked for these rooms: MD admits each relayed request and waits for its KV.
+    socks = [open_stream(pd.decode.url, relayed_body(prompts.ids(60, seed=70 + i), TRUSTED_RELAY,
+                                                     random.getrandbits(63)))
+             for i in range(N_DISCONNECTS)]
+    states = lambda: by_state(pd.decode.url, "sglang_pdd_handoff_requests")  # noqa: E731
+    wait_until(lambda: states().get("admitted", 0) == N_DISCONNECTS, "all relayed requests admitted")
+    for s in socks:
+        s.close()
+    wait_until(lambda: states() and not any(states().values()), "MD's handoff tables empty")
+    wait_until(lambda: by_state(pd.decode.url, "sglang_pdd_req_rows")["free"] == pd.idle_rows, "request rows free")
+    wait_until(lambda: free_kv(pd) == idle_kv, "KV pool back to idle")
+    assert pd.decode.alive()

@@ -1,0 +1,111 @@
+"""MainDecode takes a relayed request only from a relay named at start-up, and whatever goes wrong
+while taking one ends that request with an error (sglang's FINISH_ABORT), never the scheduler.
+
+A real MainRuntime with a real token channel (ZMQ), over a minimal scheduler and request."""
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import pytest
+
+from sglang_pdd.config import PddConfig
+from sglang_pdd.hooks import decode as decode_hooks
+from sglang_pdd.main.runtime import MainRuntime
+from sglang_pdd.protocol.request import RequestParams
+from sglang_pdd.roles import Role
+
+pytest.importorskip("sglang")
+
+TRUSTED = "tcp://127.0.0.1:18599"
+# zmq refuses to connect there (no port): start-up validation keeps it out of --pdd-relays, the config
+# here does not, so that the path where connecting raises is exercised
+UNCONNECTABLE = "tcp://rld-nowhere"
+
+
+@dataclass
+class Req:
+    rid: str
+    custom_params: dict | None = None
+    to_finish: object = None
+    finished_reason: object = None
+    return_logprob: bool = False
+    sampling_params: object = None
+    logprob: object = field(default_factory=SimpleNamespace)
+
+    def __post_init__(self):
+        self.sampling_params = SimpleNamespace(custom_params=self.custom_params)
+
+    def finished(self):
+        return self.finished_reason is not None
+
+    def error(self) -> dict | None:
+        return None if self.finished_reason is None else self.finished_reason.to_json()
+
+
+def relayed(rid: str, relay: str, room: int = 7) -> Req:
+    return Req(rid, RequestParams(v=1, relay_room=room, relay=relay).to_custom_params())
+
+
+@pytest.fixture
+def main(monkeypatch):
+    scheduler = SimpleNamespace(model_config=SimpleNamespace(vocab_size=1000), waiting_queue=[])
+    rt = MainRuntime(scheduler, PddConfig(role=Role.MAIN, relays=f"{TRUSTED},{UNCONNECTABLE}"),
+                     secret=b"s")
+    scheduler._pdd_runtime = rt
+    yield rt
+    rt.channel.close()
+
+
+def test_a_relay_not_named_at_start_up_ends_that_request_with_a_400(main):
+    req = relayed("a", "tcp://nohost:1")
+    main.admit(req)
+    err = req.error()
+    assert err["type"] == "abort" and err["status_code"] == 400
+    assert "tcp://nohost:1" in err["message"] and "--pdd-relays" in err["message"]
+    assert not main.handoff.pending and not main.channel.sockets()  # nothing connected, nothing kept
+
+
+def test_a_trusted_relay_is_admitted_and_watched(main):
+    req = relayed("b", TRUSTED)
+    main.admit(req)
+    assert req.error() is None and main.handoff.is_relayed(req)
+    assert len(main.channel.sockets()) == 1
+
+
+def test_a_trusted_relay_that_cannot_be_connected_ends_that_request(main):
+    # zmq.ZMQError on connect used to escape into sglang's process_input_requests
+    req = relayed("c", UNCONNECTABLE)
+    main.admit(req)
+    err = req.error()
+    assert err["type"] == "abort" and "cannot reach the relay" in err["message"]
+    assert not main.handoff.is_relayed(req) and not main.handoff.pending
+    ok = relayed("d", TRUSTED, room=8)
+    main.admit(ok)
+    assert ok.error() is None and main.handoff.is_relayed(ok)
+
+
+def test_a_second_request_for_a_relay_room_in_hand_is_refused(main):
+    first, second = relayed("e", TRUSTED, room=9), relayed("f", TRUSTED, room=9)
+    main.admit(first)
+    main.admit(second)
+    assert first.error() is None and main.handoff.is_relayed(first)
+    assert "already being handed over" in second.error()["message"]
+
+
+def test_malformed_parameters_end_that_request_with_a_400(main):
+    req = Req("g", {"pdd": {"v": 1, "relay": "udp://x", "relay_room": 1}})
+    main.admit(req)
+    assert req.error()["status_code"] == 400 and "relay" in req.error()["message"]
+
+
+class Exploding:
+    def admit(self, req):
+        raise RuntimeError("boom")
+
+
+def test_any_exception_while_taking_a_request_ends_that_request_not_the_scheduler():
+    scheduler = SimpleNamespace(_pdd_runtime=Exploding())
+    req = Req("h")
+    decode_hooks.after_add_request_to_queue(None, scheduler, req)
+    err = req.error()
+    assert err["type"] == "abort" and "RuntimeError: boom" in err["message"]

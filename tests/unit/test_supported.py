@@ -1,0 +1,97 @@
+"""A role started with sglang settings it is not proven with exits at start-up, naming the flag and
+what to do; what the repository's own launchers pass is accepted. Flags parsed by sglang's parser."""
+
+import argparse
+
+import pytest
+
+from sglang_pdd import config, supported
+from sglang_pdd.hooks import server_args as server_args_hook
+from sglang_pdd.testing.launch_args import ServerConfig
+
+pytest.importorskip("sglang")
+
+DECODE = ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "mooncake",
+          "--disaggregation-decode-enable-radix-cache"]
+ROLE_ARGS = {"relay": ["--pdd-role", "relay", "--pdd-token-port", "18500", *DECODE],
+             "main": ["--pdd-role", "main", *DECODE]}
+
+
+@pytest.fixture(scope="module")
+def parser():
+    from sglang.srt.server_args import ServerArgs
+
+    p = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
+    ServerArgs.add_cli_args(p)
+    config.add_cli_args(p)
+    return p
+
+
+@pytest.fixture(autouse=True)
+def secret(monkeypatch):
+    from sglang_pdd import plugin
+
+    monkeypatch.setattr(plugin, "require_hooks_applied", lambda: None)  # no sglang launcher here
+    monkeypatch.setenv(config.ENV_SECRET, "s")
+    monkeypatch.delenv(config.ENV_CONFIG, raising=False)
+
+
+def start(parser, *argv) -> str:
+    """What the server-args hook says about this command line ('' when it starts)."""
+    ns = parser.parse_args(["--model-path", "m", *argv])
+    try:
+        server_args_hook.after_from_cli_args(argparse.Namespace(), None, ns)
+    except SystemExit as e:
+        return str(e)
+    finally:
+        config.PddConfig().export_env()
+    return ""
+
+
+@pytest.mark.parametrize("role", ["relay", "main"])
+@pytest.mark.parametrize("extra, flag, advice", [
+    ([], "non-overlap scheduler", "add --disable-overlap-schedule"),
+    (["--disable-overlap-schedule", "--tp-size", "2"], "--tp-size 1, got --tp-size 2", "with --tp-size 1"),
+    (["--disable-overlap-schedule", "--pp-size", "2"], "--pp-size 1, got --pp-size 2", "with --pp-size 1"),
+    (["--disable-overlap-schedule", "--dp-size", "2"], "--dp-size 1, got --dp-size 2", "with --dp-size 1"),
+    (["--disable-overlap-schedule", "--attn-dp-size", "2"], "--attn-dp-size 1", "with --attn-dp-size 1"),
+    (["--disable-overlap-schedule", "--enable-dp-attention"], "DP attention", "drop --enable-dp-attention"),
+    (["--disable-overlap-schedule", "--disaggregation-transfer-backend", "nixl"],
+     "--disaggregation-transfer-backend nixl", "use --disaggregation-transfer-backend mooncake"),
+])
+def test_a_decode_role_with_an_unproven_setting_exits_naming_the_flag(parser, role, extra, flag, advice):
+    said = start(parser, *ROLE_ARGS[role], *extra)
+    assert said.startswith("sglang-pdd: error: ") and f"--pdd-role {role}" in said
+    assert flag in said and advice in said
+
+
+@pytest.mark.parametrize("role", ["relay", "main"])
+def test_a_decode_role_at_tp1_without_the_overlap_scheduler_on_mooncake_starts(parser, role):
+    assert start(parser, *ROLE_ARGS[role], "--disable-overlap-schedule", "--tp-size", "1") == ""
+
+
+def test_prefill_may_run_tp2_with_the_overlap_scheduler_but_only_on_mooncake(parser):
+    p = ["--pdd-role", "prefill", "--disaggregation-mode", "prefill", "--tp-size", "2"]
+    assert start(parser, *p) == ""
+    assert "--disaggregation-transfer-backend nixl" in start(parser, *p, "--disaggregation-transfer-backend", "nixl")
+
+
+def test_a_plain_server_is_not_checked(parser):
+    assert start(parser, "--tp-size", "2", "--disaggregation-transfer-backend", "nixl") == ""
+
+
+def test_every_problem_is_named_at_once(parser):
+    said = start(parser, *ROLE_ARGS["main"], "--tp-size", "2")
+    assert said.count("sglang-pdd: error: ") == 2
+
+
+@pytest.mark.parametrize("mode, extra", [
+    ("prefill", ["--pdd-role", "prefill"]),
+    ("decode", ["--pdd-role", "relay", "--pdd-token-port", "18500"]),
+    ("decode", ["--pdd-role", "main", "--pdd-relays", "tcp://127.0.0.1:18500"]),
+])
+def test_the_test_and_benchmark_launchers_pass_what_the_roles_need(parser, mode, extra):
+    argv = ServerConfig(model="m", port=1, mode=mode, decode_radix_cache=mode == "decode", extra=extra).argv()
+    ns = parser.parse_args(argv[3:])
+    cfg = config.from_cli_args(ns, ns.disaggregation_mode, ns.disaggregation_decode_enable_radix_cache)
+    assert cfg.active and supported.unsupported(cfg, ns) == []
