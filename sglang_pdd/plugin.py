@@ -188,6 +188,9 @@ def load() -> None:
             raise SystemExit(msg)
         raise PluginLoadError(msg)
     _log_capabilities()
+    from sglang_pdd import thread_names
+
+    thread_names.install()  # only with SGLANG_PDD_THREAD_NAMES=1 (the benchmark's servers)
     for h in active_hooks():
         HookRegistry.register(h.target, h.resolve_body(), HookType[h.kind])
     _loaded = True
