@@ -86,7 +86,7 @@ def run_system(name: str, tb, model_dir: str, reqs: list[WorkloadRequest], prese
     client_ns = tb.ns(system.client_side)
     t0 = time.monotonic()
     try:
-        system.start(Deployment(tb, model_dir, log_dir, kv_bytes_per_token, tuple(server_flags), dict(cpus or {})))
+        system.start(Deployment(tb, model_dir, run.log_dir, kv_bytes_per_token, tuple(server_flags), dict(cpus or {})))
         run.startup_s = time.monotonic() - t0
         logger.info("%s: servers up in %.1f s; %d warm-ups", name, run.startup_s,
                     sum(r.warmup for r in reqs))
