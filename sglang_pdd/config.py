@@ -98,7 +98,19 @@ FLAGS: tuple[FlagSpec, ...] = (
     FlagSpec("handoff_timeout", float, 60.0, "main: seconds to wait for RelayDecode's eager tokens after "
              "the KV arrived before the request fails cleanly; relay: seconds a relayed request may wait "
              "for MainDecode after it finished locally."),
+    FlagSpec("idle_wait_ms", float, None, "any server: with nothing to compute but transfers, handoffs or "
+             "bootstraps in flight, sglang's scheduler loop spins (on_idle returns after sleep(0)); with this, it "
+             "waits on its request sockets, the token channel and Mooncake's status updates for at most this many "
+             "ms instead (docs/idle.md). 0: spin as upstream. Default: 5 on a PDD role, 0 on a plain server."),
+    FlagSpec("transfer_poll_ms", float, None, "any server: Mooncake's synchronous batch write spins a core "
+             "on its status until the write completes (seconds over a WAN); with this, the plugin submits the "
+             "write and polls it with sleeps backing off from 0.05 ms to this many ms. 0: Mooncake's own spin. "
+             "Default: 1 on a PDD role, 0 on a plain server."),
 )
+
+# What --pdd-idle-wait-ms and --pdd-transfer-poll-ms mean when not given: on for the PDD roles.
+ROLE_IDLE_WAIT_MS = 5.0
+ROLE_TRANSFER_POLL_MS = 1.0
 
 
 @dataclass(frozen=True)
@@ -120,6 +132,8 @@ class PddConfig:
     seeded_sampling: str = "auto"
     relays: str = ""
     kv_timeout: float = 300.0
+    idle_wait_ms: float | None = None
+    transfer_poll_ms: float | None = None
 
     @property
     def active(self) -> bool:
@@ -129,6 +143,19 @@ class PddConfig:
     def relay_set(self) -> frozenset[str]:
         """The token channels named by `--pdd-relays`."""
         return frozenset(a.strip() for a in self.relays.split(",") if a.strip())
+
+    @property
+    def idle_wait_s(self) -> float:
+        """How long an idle scheduler with work in flight waits (0: it spins, as upstream)."""
+        ms = self.idle_wait_ms if self.idle_wait_ms is not None else (ROLE_IDLE_WAIT_MS if self.active else 0.0)
+        return ms / 1000.0
+
+    @property
+    def transfer_poll_s(self) -> float:
+        """The longest sleep between status checks of a Mooncake write (0: Mooncake's own spin)."""
+        ms = self.transfer_poll_ms if self.transfer_poll_ms is not None else (
+            ROLE_TRANSFER_POLL_MS if self.active else 0.0)
+        return ms / 1000.0
 
     @property
     def honours_seeds(self) -> bool:
@@ -189,6 +216,10 @@ class PddConfig:
                 raise PddConfigError(f"--pdd-{name.replace('_', '-')}: must be >= 0, got {d[name]}")
         if "adaptive_rld_kv" in d and not 0.0 <= float(d["adaptive_rld_kv"]) <= 1.0:
             raise PddConfigError(f"--pdd-adaptive-rld-kv: must be 0..1, got {d['adaptive_rld_kv']}")
+        for name in ("idle_wait_ms", "transfer_poll_ms"):
+            v = d.get(name)
+            if v is not None and not 0.0 <= float(v) <= 1000.0:
+                raise PddConfigError(f"--pdd-{name.replace('_', '-')}: must be 0..1000 ms, got {v}")
         types = {spec.name: spec.type for spec in FLAGS}
         rest = {f.name: (d[f.name] if d[f.name] is None else types.get(f.name, lambda x: x)(d[f.name]))
                 for f in fields(cls) if f.name != "role" and f.name in d}
@@ -230,13 +261,15 @@ class PddConfig:
         return value.encode()
 
     def describe(self) -> str:
+        waits = f", idle wait {self.idle_wait_s * 1e3:g} ms, transfer poll {self.transfer_poll_s * 1e3:g} ms"
         if not self.active:
-            return "role=none (plain sglang)" + (", seeded sampling on" if self.honours_seeds else "")
+            return ("role=none (plain sglang)" + (", seeded sampling on" if self.honours_seeds else "")
+                    + (waits if self.idle_wait_s or self.transfer_poll_s else ""))
         extra = f", token channel :{self.token_port}" if self.role is Role.RELAY else ""
         if self.role is Role.MAIN:
             extra = (f", handoff {self.handoff_mode} (chunk {self.catchup_chunk}, gap {self.catchup_gap}), "
                      f"handoff attention {self.handoff_attention}")
-        return f"role={self.role.value}{extra}"
+        return f"role={self.role.value}{extra}{waits}"
 
 
 def _is_tcp_endpoint(addr: str) -> bool:

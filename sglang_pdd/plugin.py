@@ -59,7 +59,7 @@ HOOKS: tuple[Hook, ...] = (
     Hook(f"{_SRT}.disaggregation.mooncake.conn.MooncakeKVManager.add_transfer_request",
          "prefill:around_add_transfer_request", "AROUND"),
     Hook(f"{_SRT}.disaggregation.mooncake.conn.MooncakeKVManager.update_status",
-         "prefill:around_update_status", "AROUND"),
+         "idle:around_update_status", "AROUND"),  # wakes an idle scheduler; P's refusals (prefill.py)
     Hook(f"{_SRT}.managers.scheduler_components.internal_state.SchedulerInternalStateController"
          ".get_internal_state", "prefill:after_get_internal_state", "AFTER"),
     # The packed WAN path (--pdd-packed-wan): MD offers landing regions, P packs into them, MD unpacks
@@ -85,6 +85,8 @@ HOOKS: tuple[Hook, ...] = (
          "AROUND"),
     Hook(f"{_SRT}.managers.scheduler.Scheduler.is_fully_idle", "decode:after_is_fully_idle", "AFTER"),
     Hook(f"{_SRT}.managers.scheduler.Scheduler.abort_request", "decode:after_abort_request", "AFTER"),
+    # Any server with an idle wait (--pdd-idle-wait-ms; on for PDD roles): wait, not spin, on in-flight work
+    Hook(f"{_SRT}.managers.scheduler.Scheduler.on_idle", "idle:around_on_idle", "AROUND"),
     # Seeded sampling that does not depend on which role samples (--pdd-seeded-sampling)
     Hook(f"{_SRT}.sampling.sampling_batch_info.SamplingBatchInfo.from_schedule_batch",
          "sampling:after_from_schedule_batch", "AFTER"),
@@ -186,6 +188,9 @@ def load() -> None:
             raise SystemExit(msg)
         raise PluginLoadError(msg)
     _log_capabilities()
+    from sglang_pdd import thread_names
+
+    thread_names.install()  # only with SGLANG_PDD_THREAD_NAMES=1 (the benchmark's servers)
     for h in active_hooks():
         HookRegistry.register(h.target, h.resolve_body(), HookType[h.kind])
     _loaded = True

@@ -17,6 +17,7 @@ import signal
 import sys
 import time
 
+from sglang_pdd.bench.placement import PLACEMENTS
 from sglang_pdd.bench.presets import PRESETS, get_preset
 from sglang_pdd.bench.systems import parse_systems, system_names
 
@@ -33,6 +34,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="model cache root (models/ below it)")
     ap.add_argument("--prefix", default=f"pb{os.getpid() % 100000}", help="testbed namespace prefix")
     ap.add_argument("--export-trace", metavar="TRACE.jsonl", help="write the preset's trace and exit")
+    ap.add_argument("--repeat", type=int, default=1, help="run every system N times, interleaved (ABAB...); "
+                    "the report gives medians, min-max and per-repeat ratios to --baseline")
+    ap.add_argument("--baseline", default=None, help="system the ratios are against (default: cross-dc-drc if "
+                    "run, else the first system)")
+    ap.add_argument("--idle-wait-ms", type=float, default=5.0, help="--pdd-idle-wait-ms of every server of every "
+                    "system, baselines included (0: sglang's spin); docs/idle.md")
+    ap.add_argument("--transfer-poll-ms", type=float, default=1.0, help="--pdd-transfer-poll-ms of every server "
+                    "(0: Mooncake's spinning sync write)")
+    ap.add_argument("--placement", default="shared", choices=PLACEMENTS, help="CPU sets per datacenter "
+                    "(bench/placement.py)")
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("-v", "--verbose", action="store_true")
@@ -44,6 +55,13 @@ def main(argv: list[str] | None = None) -> int:
         systems = parse_systems(args.systems)
     except ValueError as e:
         ap.error(str(e))
+    if args.repeat < 1:
+        ap.error("--repeat must be >= 1")
+    baseline = args.baseline or ("cross-dc-drc" if "cross-dc-drc" in systems else systems[0])
+    if baseline not in systems:
+        ap.error(f"--baseline {baseline} is not among --systems")
+    server_flags = ("--pdd-idle-wait-ms", f"{args.idle_wait_ms:g}", "--pdd-transfer-poll-ms",
+                    f"{args.transfer_poll_ms:g}")
     if args.export_trace:
         from sglang_pdd.bench.workload import write_jsonl
 
@@ -63,7 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (e.g. `timeout`) unwinds like Ctrl-C: servers stopped, testbed down.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     out = args.out or os.path.join("runs", f"bench-{preset.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    run = run_bench(systems, preset, out, args.artifacts, args.prefix, show_progress=not args.no_progress)
+    from sglang_pdd import thread_names
+
+    os.environ[thread_names.ENV] = "1"  # servers (and this process's client threads) name their threads
+    thread_names.install()
+    run = run_bench(systems, preset, out, args.artifacts, args.prefix, show_progress=not args.no_progress,
+                    repeats=args.repeat, baseline=baseline, server_flags=server_flags, placement=args.placement)
     paths = write_reports(run, out)
     if not args.no_plots:
         from sglang_pdd.bench.plots import write_plots
@@ -71,6 +94,11 @@ def main(argv: list[str] | None = None) -> int:
         paths.update(write_plots(run, out))
     print()
     print(text_table([s.summary for s in run.systems if s.summary]))
+    if args.repeat > 1:
+        from sglang_pdd.bench.report import repeat_aggregate
+        from sglang_pdd.bench.repeats import markdown as repeats_md
+
+        print("\n".join(repeats_md(repeat_aggregate(run), baseline, args.repeat)))
     for s in run.systems:
         if s.error:
             print(f"{s.name} FAILED: {s.error} (logs: {s.log_dir})")

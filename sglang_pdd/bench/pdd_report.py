@@ -67,7 +67,7 @@ def pdd_stats(records: Sequence[RequestRecord]) -> dict:
 
 def markdown(systems) -> list[str]:
     """Lines of the report's PDD section for the systems that went through the PDD router."""
-    rows = [(s.name, pdd_stats(s.records)) for s in systems if any(r.pipeline for r in s.records)]
+    rows = [((getattr(s, "label", "") or s.name), pdd_stats(s.records)) for s in systems if any(r.pipeline for r in s.records)]
     if not rows:
         return []
     out = ["## PDD: pipelines, handoff modes, odd traffic", "",

@@ -19,7 +19,7 @@ import secrets
 from typing import ClassVar
 
 from sglang_pdd.bench.systems import (BOOTSTRAP_PORT, DECODE_PORT, PREFILL_PORT, ROUTER_PORT, Deployment,
-                                      InNamespace, UpstreamPD, register)
+                                      UpstreamPD, register)
 from sglang_pdd.testing.launch_args import PddRouterConfig, ServerConfig
 from sglang_pdd.testing.servers import ServerGroup
 
@@ -66,27 +66,27 @@ class PddRouted(UpstreamPD):
         env = {"SGLANG_PDD_SECRET": secrets.token_hex(16)}
         common = dict(model=dep.model, bootstrap_port=BOOTSTRAP_PORT, env=env)
         g = self._group = ServerGroup(dep.log_dir)
-        p = self._prefill = g.start("prefill", InNamespace(ServerConfig(
+        p = self._prefill = g.start("prefill", dep.server(ServerConfig(
             port=PREFILL_PORT, host=a, nccl_port=PREFILL_PORT + 1000, mode="prefill",
-            extra=["--pdd-role", "prefill", "--pdd-packed-wan", self.packed_wan], **common), a_ns))
-        rld = g.start("relay", InNamespace(ServerConfig(
+            extra=["--pdd-role", "prefill", "--pdd-packed-wan", self.packed_wan], **common), "A"))
+        rld = g.start("relay", dep.server(ServerConfig(
             port=RELAY_PORT, host=a, nccl_port=RELAY_PORT + 1000, mode="decode",
             extra=["--pdd-role", "relay", "--pdd-token-port", str(TOKEN_PORT),
-                   "--pdd-adaptive-md-batch", str(self.adaptive_md_batch)], **common), a_ns))
-        md = g.start("main", InNamespace(ServerConfig(
+                   "--pdd-adaptive-md-batch", str(self.adaptive_md_batch)], **common), "A"))
+        md = g.start("main", dep.server(ServerConfig(
             port=DECODE_PORT, host=b, nccl_port=DECODE_PORT + 1000, mode="decode", decode_radix_cache=True,
             extra=["--pdd-role", "main", "--pdd-relays", f"tcp://{a}:{TOKEN_PORT}", "--pdd-handoff-mode", self.handoff_mode,
                    "--pdd-packed-wan", self.packed_wan, "--kv-events-config",
                    json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{EVENTS_PORT}",
-                               "replay_endpoint": f"tcp://*:{REPLAY_PORT}"})], **common), b_ns))
+                               "replay_endpoint": f"tcp://*:{REPLAY_PORT}"})], **common), "B"))
         a_ns.call(p.wait_ready)
         a_ns.call(rld.wait_ready)
         b_ns.call(md.wait_ready)
-        self._router = g.start("router", InNamespace(PddRouterConfig(
+        self._router = g.start("router", dep.process(PddRouterConfig(
             prefill=[(p.url, BOOTSTRAP_PORT)], relay=[(rld.url, TOKEN_PORT)], main=[md.url], tokenizer=dep.model,
             port=ROUTER_PORT, host=a, pipeline=self.pipeline,
             extra=router_link_args(tb, dep.kv_bytes_per_token, self.odd_threshold) + list(self.router_extra)
-            + ["--main-kv-events", f"tcp://{b}:{EVENTS_PORT}", f"tcp://{b}:{REPLAY_PORT}"]), a_ns))
+            + ["--main-kv-events", f"tcp://{b}:{EVENTS_PORT}", f"tcp://{b}:{REPLAY_PORT}"]), "A"))
         a_ns.call(self._router.wait_ready)
         logger.info("%s up: P %s, RLD %s (token channel :%d), MD %s, router %s (pipeline %s)", self.name,
                     p.url, rld.url, TOKEN_PORT, md.url, self._router.url, self.pipeline)

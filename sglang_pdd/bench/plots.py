@@ -31,7 +31,7 @@ def ttft_cdf(run, path: str) -> None:
     for k, s in enumerate(run.systems):
         xs = sorted(r.ttft_s for r in s.records if r.ok and r.ttft_s is not None)
         if xs:
-            ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", label=s.name, color=f"C{k}")
+            ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", label=(getattr(s, "label", "") or s.name), color=f"C{k}")
     ax.axvline(run.preset.sla.ttft_s, color="grey", ls=":", label="TTFT SLA")
     ax.set_xlabel("TTFT (s)")
     ax.set_ylabel("fraction of requests")
@@ -52,7 +52,7 @@ def wan_bytes(run, path: str) -> None:
     kv = [(s.summary.kv_bytes_per_request or 0.0) / MIB for s in runs]
     ax.bar([i - 0.2 for i in x], wan, width=0.4, label="WAN link (both directions)")
     ax.bar([i + 0.2 for i in x], kv, width=0.4, label="KV moved by P (any link)")
-    ax.set_xticks(list(x), [s.name for s in runs])
+    ax.set_xticks(list(x), [(getattr(s, "label", "") or s.name) for s in runs])
     ax.set_ylabel("MiB per request")
     ax.set_title("Bytes per measured request")
     ax.grid(axis="y", alpha=0.3)
@@ -74,7 +74,7 @@ def hit_rate(run, path: str) -> None:
         shares = [min(r.cached_tokens / r.prompt_tokens, 1.0) for r in s.records if r.ok and r.prompt_tokens]
         if shares:
             ax.hist(shares, bins=bins, histtype="step", lw=1.5, color=f"C{k}", ls=("-", "--", ":", "-.")[k % 4],
-                    label=f"{s.name}: cached (reported)")
+                    label=f"{getattr(s, 'label', '') or s.name}: cached (reported)")
     ax.set_xlabel("prefix hit rate")
     ax.set_ylabel("requests")
     ax.set_title("Per-request prefix hit rate")

@@ -12,7 +12,7 @@ import os
 from dataclasses import asdict
 from typing import Sequence
 
-from sglang_pdd.bench import pdd_report
+from sglang_pdd.bench import cpu, pdd_report, repeats
 from sglang_pdd.bench.metrics import RequestRecord, Summary
 
 logger = logging.getLogger(__name__)
@@ -93,7 +93,13 @@ def report_dict(run) -> dict:
         "runtime_s": run.runtime_s,
         "client": "client threads in cluster A stream /generate from each system's router in A "
                   "(upstream mini-lb for the baselines, the PDD router for pdd*)",
-        "systems": {s.name: {
+        "server_flags": list(getattr(run, "server_flags", ())),
+        "placement": getattr(run, "placement", {}),
+        "repeats": getattr(run, "repeats", 1),
+        "baseline": getattr(run, "baseline", None),
+        "over_repeats": repeat_aggregate(run),
+        "systems": {(s.label or s.name): {
+            "system": s.name, "repeat": s.repeat, "cpu": s.cpu,
             "sim_name": s.sim_name, "description": s.description, "startup_s": s.startup_s,
             "warmup_failed": s.warmup_failed, "error": s.error, "cpu_s": s.cpu_s,
             "summary": s.summary.to_dict() if s.summary else None,
@@ -101,6 +107,22 @@ def report_dict(run) -> dict:
             "wan": {"a_to_b": s.wan.a_to_b, "b_to_a": s.wan.b_to_a, "kv_sent": s.wan.kv_sent},
             "requests": [r.to_dict() for r in s.records]} for s in run.systems},
     }
+
+
+def repeat_aggregate(run) -> dict:
+    per: dict[str, list] = {}
+    for s in run.systems:
+        per.setdefault(s.name, [])
+        per[s.name].append(repeats.figures(s.summary, s.records) if s.summary else None)
+    return repeats.aggregate(per, getattr(run, "baseline", None))
+
+
+def idle_statement(run) -> str:
+    flags = list(getattr(run, "server_flags", ()))
+    if not flags:
+        return "Idle behaviour: each server's own default (PDD roles wait, plain servers spin as upstream)."
+    return (f"Idle behaviour: every sglang server of every system, baselines included, ran with `{' '.join(flags)}` "
+            "(docs/idle.md).")
 
 
 def _clean(x):
@@ -126,17 +148,23 @@ def write_reports(run, out_dir: str) -> dict[str, str]:
     for s in run.systems:
         if not s.records:
             continue
-        path = os.path.join(out_dir, f"calibration-{s.name}.json")
+        path = os.path.join(out_dir, f"calibration-{s.label or s.name}.json")
         with open(path, "w", encoding="utf-8") as f:
             json.dump(_clean(calibration_report(s.sim_name, os.path.abspath(run.trace_path), s.records,
                                                 run.testbed, model)), f, indent=1)
-        paths[f"calibration-{s.name}"] = path
+        paths[f"calibration-{s.label or s.name}"] = path
     summaries = [s.summary for s in run.systems if s.summary]
     md = [f"# Benchmark: preset `{run.preset.name}`", "",
           f"SLA: TTFT <= {run.preset.sla.ttft_s} s and TPOT <= {run.preset.sla.tpot_s * 1e3:.0f} ms. "
           f"Link: {run.testbed.get('delay_ms')} ms one way, {run.testbed.get('rate_mbit')} Mbit/s. "
-          f"Runtime {run.runtime_s:.0f} s.", "", markdown_table(summaries), ""]
+          f"Runtime {run.runtime_s:.0f} s.", "", idle_statement(run), "",
+          f"Placement: {_placement_text(getattr(run, 'placement', {}))}.", "", markdown_table(summaries), ""]
+    n = getattr(run, "repeats", 1)
+    if n > 1:
+        md += repeats.markdown(repeat_aggregate(run), getattr(run, "baseline", None), n)
     md += pdd_report.markdown(run.systems)
+    md += cpu.markdown({(s.label or s.name): s.cpu for s in run.systems if s.cpu},
+                       {(s.label or s.name): s.summary.window_s for s in run.systems if s.summary})
     for s in run.systems:
         if s.error:
             md.append(f"* `{s.name}` failed: {s.error} (logs: {s.log_dir})")
@@ -144,3 +172,11 @@ def write_reports(run, out_dir: str) -> dict[str, str]:
     with open(paths["md"], "w", encoding="utf-8") as f:
         f.write("\n".join(md) + "\n")
     return paths
+
+
+def _placement_text(p: dict) -> str:
+    if not p:
+        return "not recorded"
+    sets = p.get("cpu_sets", {})
+    return (f"`{p.get('placement')}` (cluster A on CPUs {sets.get('A')}, cluster B on {sets.get('B')}; "
+            f"{', '.join(p.get('unpinned', []))} unpinned; box CPUs {p.get('cpus')})")

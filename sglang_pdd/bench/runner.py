@@ -15,6 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from sglang_pdd.bench import cpu
+from sglang_pdd.bench import placement as place
 from sglang_pdd.bench.metrics import RequestRecord, Summary, WanBytes, summarize
 from sglang_pdd.bench.presets import Preset
 from sglang_pdd.bench.replay import progress_bar, replay, warm_up
@@ -37,6 +38,9 @@ class SystemRun:
     error: str = ""
     log_dir: str = ""
     cpu_s: dict[str, float] = field(default_factory=dict)  # per server, over the measured window
+    cpu: dict[str, dict] = field(default_factory=dict)  # per process group: cpu_s and busiest threads
+    repeat: int = 0  # which of --repeat's rounds (0-based)
+    label: str = ""  # unique within the run: the name, with "-r<k>" when there are several repeats
 
 
 @dataclass
@@ -48,6 +52,10 @@ class BenchRun:
     systems: list[SystemRun]
     runtime_s: float
     testbed: dict = field(default_factory=dict)
+    repeats: int = 1
+    baseline: str | None = None
+    server_flags: tuple[str, ...] = ()  # given to every sglang server of every system
+    placement: dict = field(default_factory=dict)  # bench.placement.describe()
 
 
 def model_info(model_dir: str) -> dict:
@@ -59,32 +67,45 @@ def _delta(after: dict[str, int], before: dict[str, int]) -> tuple[int, int]:
     return after["A->B"] - before["A->B"], after["B->A"] - before["B->A"]
 
 
+def _cpu_groups(system, tb) -> dict[str, list[int]]:
+    groups = {s.name: s.group_pids() for s in system.servers()}
+    for side, pid in getattr(tb, "daemon_pids", lambda: {})().items():
+        groups[f"delay daemon {side}"] = [pid]
+    groups["bench (client)"] = [os.getpid()]
+    return groups
+
+
 def run_system(name: str, tb, model_dir: str, reqs: list[WorkloadRequest], preset: Preset,
                vocab_size: int, log_root: str, show_progress: bool = True,
-               kv_bytes_per_token: int | None = None) -> SystemRun:
+               kv_bytes_per_token: int | None = None, repeat: int = 0, repeats: int = 1,
+               server_flags: tuple[str, ...] = (), cpus: dict | None = None) -> SystemRun:
     system = make_system(name)
-    log_dir = os.path.join(log_root, name)
-    run = SystemRun(name, system.sim_name, system.description, None, log_dir=log_dir)
+    label = name if repeats == 1 else f"{name}-r{repeat + 1}"
+    run = SystemRun(name, system.sim_name, system.description, None, log_dir=os.path.join(log_root, label),
+                    repeat=repeat, label=label)
     client_ns = tb.ns(system.client_side)
     t0 = time.monotonic()
     try:
-        system.start(Deployment(tb, model_dir, log_dir, kv_bytes_per_token))
+        system.start(Deployment(tb, model_dir, run.log_dir, kv_bytes_per_token, tuple(server_flags), dict(cpus or {})))
         run.startup_s = time.monotonic() - t0
         logger.info("%s: servers up in %.1f s; %d warm-ups", name, run.startup_s,
                     sum(r.warmup for r in reqs))
         run.warmup_failed = client_ns.call(warm_up, system.send_warmup, reqs, vocab_size, preset.request_timeout_s)
         kv0, sl0 = client_ns.call(system.kv_bytes_sent), client_ns.call(system.kv_slices_sent)
         cpu0 = cpu.snapshot(system.servers())
+        groups = _cpu_groups(system, tb)
+        threads0 = cpu.take(groups)
         link0 = tb.link_bytes()
         bar = progress_bar(len(measured(reqs)), name, show_progress)
         run.records = client_ns.call(replay, system.send, reqs, vocab_size, preset.request_timeout_s, bar)
         link1 = tb.link_bytes()
+        run.cpu = cpu.window(cpu.take(groups), threads0)
         run.cpu_s = cpu.delta(cpu.snapshot(system.servers()), cpu0)
         kv1, sl1 = client_ns.call(system.kv_bytes_sent), client_ns.call(system.kv_slices_sent)
         a2b, b2a = _delta(link1, link0)
         run.wan = WanBytes(a2b, b2a, kv1 - kv0 if kv0 is not None and kv1 is not None else None,
                            sl1 - sl0 if sl0 is not None and sl1 is not None else None)
-        run.summary = summarize(name, run.records, preset.sla, run.wan)
+        run.summary = summarize(label, run.records, preset.sla, run.wan)
     except Exception as e:  # one system failing must not lose the others' results
         logger.exception("%s failed", name)
         run.error = f"{type(e).__name__}: {e}"
@@ -94,7 +115,8 @@ def run_system(name: str, tb, model_dir: str, reqs: list[WorkloadRequest], prese
 
 
 def run_bench(systems: list[str], preset: Preset, out_dir: str, artifacts: str, prefix: str,
-              show_progress: bool = True) -> BenchRun:
+              show_progress: bool = True, repeats: int = 1, baseline: str | None = None,
+              server_flags: tuple[str, ...] = (), placement: str = "shared") -> BenchRun:
     from sglang_pdd.testbed import Testbed
     from sglang_pdd.testing.tiny_model import TinyModelSpec, build_cached
 
@@ -115,7 +137,11 @@ def run_bench(systems: list[str], preset: Preset, out_dir: str, artifacts: str, 
                  loss_pct=link.loss_pct) as tb:
         tb_info = {"prefix": prefix, "A": tb.addr("A"), "B": tb.addr("B"), "backend": tb.backend,
                    **asdict(link)}
-        for name in systems:
-            runs.append(run_system(name, tb, model_dir, reqs, preset, preset.workload.vocab_size,
-                                   os.path.join(out_dir, "logs"), show_progress, info.get("kv_bytes_per_token")))
-    return BenchRun(preset, trace_path, model_dir, info, runs, time.monotonic() - t0, tb_info)
+        cpus = place.cpu_sets(placement)
+        for r in range(repeats):  # interleaved: every system once per repeat
+            for name in systems:
+                runs.append(run_system(name, tb, model_dir, reqs, preset, preset.workload.vocab_size,
+                                       os.path.join(out_dir, "logs"), show_progress, info.get("kv_bytes_per_token"),
+                                       r, repeats, server_flags, cpus))
+    return BenchRun(preset, trace_path, model_dir, info, runs, time.monotonic() - t0, tb_info, repeats,
+                    baseline, tuple(server_flags), place.describe(placement))

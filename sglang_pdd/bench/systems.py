@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 import logging
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, ClassVar
 
 from sglang_pdd.bench.client import StreamResult, stream
@@ -42,6 +42,17 @@ class Deployment:
     model: str
     log_dir: str
     kv_bytes_per_token: int | None = None
+    # added to every sglang server of every system (baselines too): the idle behaviour under test
+    server_flags: tuple[str, ...] = ()
+    cpus: dict = field(default_factory=dict)  # side -> CPU list for `taskset -c` (bench.placement)
+
+    def server(self, cfg: ServerConfig, side: str) -> "InNamespace":
+        """`cfg` (plus `server_flags`) run in `side`'s namespace, on its CPU set if one is given."""
+        cfg.extra = list(cfg.extra) + list(self.server_flags)
+        return self.process(cfg, side)
+
+    def process(self, inner: Launchable, side: str) -> "InNamespace":
+        return InNamespace(inner, self.testbed.ns(side), self.cpus.get(side))
 
 
 @dataclass
@@ -50,13 +61,15 @@ class InNamespace:
 
     inner: Launchable
     ns: NetNS
+    cpus: str | None = None  # `taskset -c` list; None: wherever the kernel puts it
 
     @property
     def url(self) -> str:
         return self.inner.url
 
     def argv(self) -> list[str]:
-        return self.ns.argv(self.inner.argv())
+        inner = self.inner.argv()
+        return self.ns.argv(["taskset", "-c", self.cpus, *inner] if self.cpus else inner)
 
     def environ(self) -> dict[str, str]:
         return self.inner.environ()
@@ -181,16 +194,16 @@ class UpstreamPD(System):
         a_ns, d_ns = tb.ns("A"), tb.ns(self.decode_side)
         a_host, d_host = tb.addr("A"), tb.addr(self.decode_side)
         g = self._group = ServerGroup(dep.log_dir)
-        p = self._prefill = g.start("prefill", InNamespace(ServerConfig(
+        p = self._prefill = g.start("prefill", dep.server(ServerConfig(
             model=dep.model, port=PREFILL_PORT, host=a_host, nccl_port=PREFILL_PORT + 1000, mode="prefill",
-            bootstrap_port=BOOTSTRAP_PORT), a_ns))
-        d = g.start("decode", InNamespace(ServerConfig(
+            bootstrap_port=BOOTSTRAP_PORT), "A"))
+        d = g.start("decode", dep.server(ServerConfig(
             model=dep.model, port=DECODE_PORT, host=d_host, nccl_port=DECODE_PORT + 1000, mode="decode",
-            bootstrap_port=BOOTSTRAP_PORT, decode_radix_cache=self.decode_radix_cache), d_ns))
+            bootstrap_port=BOOTSTRAP_PORT, decode_radix_cache=self.decode_radix_cache), self.decode_side))
         a_ns.call(p.wait_ready)
         d_ns.call(d.wait_ready)
-        self._router = g.start("router", InNamespace(RouterConfig(
-            prefill=[(p.url, BOOTSTRAP_PORT)], decode=[d.url], port=ROUTER_PORT, host=a_host), a_ns))
+        self._router = g.start("router", dep.process(RouterConfig(
+            prefill=[(p.url, BOOTSTRAP_PORT)], decode=[d.url], port=ROUTER_PORT, host=a_host), "A"))
         a_ns.call(self._router.wait_ready)
         logger.info("%s up: prefill %s, decode %s (%s), router %s", self.name, p.url, d.url,
                     self.decode_side, self._router.url)

@@ -1,4 +1,6 @@
-"""Mooncake transfer engine and KV manager: count the bytes each batch write moves, and what they were.
+"""Mooncake transfer engine and KV manager: count the bytes each batch write moves, and what they were;
+with `--pdd-transfer-poll-ms` (on for PDD roles), wait for each write with sleeps instead of Mooncake's
+spin (sglang_pdd.transfer.write_wait).
 
 The test-only knob `main_write_delay` (config.TestKnobs, `SGLANG_PDD_TEST_KNOBS`) makes every KV write
 on the fan-out's main path sleep first, emulating a slow WAN write; off in production.
@@ -10,19 +12,36 @@ import os
 import time
 
 from sglang_pdd import config, metrics
+from sglang_pdd.config import PddConfig
 from sglang_pdd.hooks import packed_wan
 from sglang_pdd.transfer.accounting import TransferLedger
+from sglang_pdd.transfer import write_wait
 from sglang_pdd.transfer.lanes import MAIN_PATH
 
 LEDGER = TransferLedger(on_record=metrics.record_transfer)
 
 
 _KNOBS_SET = bool(os.environ.get(config.ENV_TEST_KNOBS))
+_UNSET = object()
+_poll_s = _UNSET
+
+
+def transfer_poll_s() -> float:
+    """The configured longest sleep between a write's status checks (0: Mooncake's sync spin)."""
+    global _poll_s
+    if _poll_s is _UNSET:
+        _poll_s = PddConfig.from_env().transfer_poll_s
+    return _poll_s
 
 
 def around_batch_transfer_sync(original, engine, session_id, buffers, peer_addresses, lengths, *a, **kw):
     t0 = time.perf_counter()
-    ret = original(engine, session_id, buffers, peer_addresses, lengths, *a, **kw)
+    poll_s = transfer_poll_s()
+    binding = getattr(engine, "engine", None)
+    if poll_s > 0 and not a and not kw and write_wait.supported(binding):
+        ret = write_wait.write(binding, session_id, buffers, peer_addresses, lengths, poll_s)
+    else:
+        ret = original(engine, session_id, buffers, peer_addresses, lengths, *a, **kw)
     ok = ret is not None and ret >= 0
     LEDGER.record(str(session_id), int(sum(lengths)), ok=ok)
     if ok:  # the router's bandwidth estimate is fed from bytes / seconds of completed writes

@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from sglang_pdd import config, metrics
+from sglang_pdd import config, idle_wait, metrics
 from sglang_pdd.config import PddConfig, testing_enabled
 from sglang_pdd.main import extend_batch
 from sglang_pdd.main.handoff import MainHandoff
@@ -74,14 +74,9 @@ class MainRuntime:
         prepare_abort(req, message, status_code=status_code)
 
     def _register_sockets(self) -> None:
-        sleeper = getattr(self.scheduler, "idle_sleeper", None)
-        if sleeper is None or not hasattr(sleeper, "poller"):
-            return
-        import zmq
-
-        for sock in self.channel.sockets():
+        for sock in self.channel.sockets():  # RLD's tokens end an idle wait
             if id(sock) not in self._registered:
-                sleeper.poller.register(sock, zmq.POLLIN)
+                idle_wait.watch(self.scheduler, sock)
                 self._registered.add(id(sock))
 
     # -- every iteration, after sglang's own process_decode_queue ----------------------------

@@ -6,7 +6,7 @@ import logging
 import os
 from typing import Any
 
-from sglang_pdd import metrics
+from sglang_pdd import idle_wait, metrics
 from sglang_pdd import config
 from sglang_pdd.config import PddConfig
 from sglang_pdd.protocol.channel import RelayChannel
@@ -49,11 +49,7 @@ class RelayRuntime:
         self._finished_seen: dict[str, int] = {}
         self._modes_seen: dict[tuple[str, str], int] = {}
         self._chunks_seen: dict[str, int] = {}
-        sleeper = getattr(scheduler, "idle_sleeper", None)
-        if sleeper is not None and hasattr(sleeper, "poller"):
-            import zmq
-
-            sleeper.poller.register(self.channel.sock, zmq.POLLIN)
+        idle_wait.watch(scheduler, self.channel.sock)  # tokens from MD end an idle wait
         logger.info("sglang-pdd relay: token channel on %s", self.channel.address)
 
     # -- RelayOps ---------------------------------------------------------------------------

@@ -68,6 +68,19 @@ def test_servers_run_inside_their_namespace_with_their_own_address():
     assert wrapped.url == "http://10.77.0.2:30200"
 
 
+def test_a_deployment_adds_the_idle_flags_to_every_server_and_pins_it_to_its_sides_cpus():
+    class TB:
+        def ns(self, side):
+            return NetNS("bench" + side)
+
+    dep = S.Deployment(TB(), "m", "/tmp/logs", server_flags=("--pdd-idle-wait-ms", "5"), cpus={"B": "1"})
+    cfg = ServerConfig(model="m", port=30200, host="10.77.0.2", mode="decode")
+    argv = dep.server(cfg, "B").argv()
+    assert argv[:7] == ["ip", "netns", "exec", "benchB", "taskset", "-c", "1"]
+    assert argv[-2:] == ["--pdd-idle-wait-ms", "5"]
+    assert dep.server(ServerConfig(model="m", port=1), "A").argv()[4] != "taskset"  # A not pinned
+
+
 def test_kv_bytes_are_summed_over_peers_and_exclude_aux():
     text = "\n".join([
         "# HELP sglang_pdd_transfer_bytes_total Bytes moved",

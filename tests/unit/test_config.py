@@ -110,6 +110,8 @@ NON_DEFAULT = {
     "seeded_sampling": "on",
     "relays": "tcp://10.0.0.5:18500,tcp://rld-b:18501",
     "kv_timeout": 90.0,
+    "idle_wait_ms": 2.5,
+    "transfer_poll_ms": 0.5,
 }
 
 
@@ -228,3 +230,28 @@ def test_a_missing_empty_or_doubly_given_secret_is_a_clear_error(tmp_path, conte
         environ[config.ENV_SECRET_FILE] = str(f)
     with pytest.raises(PddConfigError, match=match):
         PddConfig(role=Role.RELAY).secret(environ)
+
+
+def test_idle_wait_and_transfer_poll_default_on_for_pdd_roles_only():
+    plain = PddConfig()
+    assert plain.idle_wait_s == 0.0 and plain.transfer_poll_s == 0.0  # plain sglang spins as upstream
+    for role in Role:
+        cfg = PddConfig(role=role)
+        assert cfg.idle_wait_s == config.ROLE_IDLE_WAIT_MS / 1e3 > 0
+        assert cfg.transfer_poll_s == config.ROLE_TRANSFER_POLL_MS / 1e3 > 0
+    opted_in = config.from_cli_args(parse("--pdd-idle-wait-ms", "3", "--pdd-transfer-poll-ms", "2"))
+    assert not opted_in.active and opted_in.idle_wait_s == 0.003 and opted_in.transfer_poll_s == 0.002
+    env = {}
+    opted_in.export_env(env)  # a plain server's children see the opt-in
+    assert PddConfig.from_env(env).idle_wait_s == 0.003
+    off = config.from_cli_args(parse("--pdd-role", "prefill", "--pdd-idle-wait-ms", "0",
+                                     "--pdd-transfer-poll-ms", "0"), disaggregation_mode="prefill")
+    assert off.idle_wait_s == 0.0 and off.transfer_poll_s == 0.0
+    assert "idle wait 0 ms" in off.describe() and "idle wait 3 ms" in opted_in.describe()
+
+
+@pytest.mark.parametrize("flag", ["--pdd-idle-wait-ms", "--pdd-transfer-poll-ms"])
+@pytest.mark.parametrize("value", ["-1", "1000.5"])
+def test_idle_wait_and_transfer_poll_out_of_range_are_rejected(flag, value):
+    with pytest.raises(PddConfigError, match=flag):
+        config.from_cli_args(parse(flag, value))

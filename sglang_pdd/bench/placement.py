@@ -1,0 +1,48 @@
+"""Where the benchmark's servers run on the box's CPUs (`--placement`), recorded in the report.
+
+* `shared` (default): no pinning; the kernel spreads every process over all CPUs.
+* `per-dc`: cluster A's servers (P, RLD, the router; for the baselines prefill and the router, and
+  decode in same-dc) on the first half of the CPUs, cluster B's (MD, the cross-DC decode) on the
+  second half (`taskset -c`). On 2 cores: A on CPU 0, B on CPU 1.
+
+The bench's client threads and the testbed's delay daemons are never pinned.
+
+Why `shared` is the default: separate machines per instance cannot be had on 2 cores, and a
+per-datacenter split puts P, RLD, the router and the client on one core while B's decoder idles on
+the other between requests; with the idle spinning gone (--pdd-idle-wait-ms, --pdd-transfer-poll-ms),
+an instance with nothing to do uses no CPU, so letting the kernel place the busy ones is the closer
+approximation. `per-dc` is there to check that a verdict does not hinge on cluster A's compute
+stealing from cluster B's (docs/bench.md).
+"""
+
+from __future__ import annotations
+
+import os
+
+PLACEMENTS = ("shared", "per-dc")
+
+
+def _cpus() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(os.cpu_count() or 1))
+
+
+def cpu_sets(placement: str, cpus: list[int] | None = None) -> dict[str, str]:
+    """side -> `taskset -c` list ({} for `shared`)."""
+    if placement not in PLACEMENTS:
+        raise ValueError(f"unknown placement {placement!r}; choose from {', '.join(PLACEMENTS)}")
+    if placement == "shared":
+        return {}
+    cpus = list(cpus if cpus is not None else _cpus())
+    if len(cpus) < 2:
+        raise ValueError("--placement per-dc needs at least 2 CPUs")
+    half = len(cpus) // 2
+    return {"A": ",".join(map(str, cpus[:half])), "B": ",".join(map(str, cpus[half:]))}
+
+
+def describe(placement: str, cpus: list[int] | None = None) -> dict:
+    sets = cpu_sets(placement, cpus)
+    return {"placement": placement, "cpus": list(cpus if cpus is not None else _cpus()),
+            "cpu_sets": sets or {"A": "all", "B": "all"}, "unpinned": ["bench client", "delay daemons"]}
