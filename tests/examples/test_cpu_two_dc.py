@@ -4,7 +4,6 @@ environment the testbed verified (sglang_pdd.testing.launch_args). Nothing is st
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex
@@ -12,10 +11,10 @@ import subprocess
 
 import pytest
 
-from sglang_pdd import config
 from sglang_pdd.testing.launch_args import CPU_ENV, ServerConfig
 
 from .conftest import EXAMPLES
+from .server_argv import parse_server
 
 SCRIPT = os.path.join(EXAMPLES, "cpu-two-dc", "run.sh")
 
@@ -58,13 +57,7 @@ def opt(argv, flag, n=1):
 def test_servers_parse_and_take_their_roles(plan, server_parser):
     for role in ("prefill", "relay", "main"):
         _, _, argv = plan["start"][role]
-        assert argv[1:3] == ["-m", "sglang.launch_server"]
-        try:
-            ns = server_parser.parse_args(argv[3:])
-        except argparse.ArgumentError as e:
-            pytest.fail(f"{role}: {e}")
-        cfg = config.from_cli_args(ns, ns.disaggregation_mode, ns.disaggregation_decode_enable_radix_cache)
-        assert cfg.role.value == role
+        ns, cfg = parse_server(server_parser, role, argv)
         assert ns.device == "cpu" and ns.disaggregation_transfer_backend == "mooncake_tcp"
         if role != "prefill":
             assert ns.tp_size == 1 and ns.disable_overlap_schedule

@@ -5,7 +5,6 @@ secret is only ever a file path (checked on the scripts' dry runs, PDD_DRY_RUN=1
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -21,6 +20,7 @@ from sglang_pdd import config, supported
 from sglang_pdd.roles import Role
 
 from .conftest import EXAMPLES
+from .server_argv import parse_server
 
 HERE = os.path.join(EXAMPLES, "two-site-gpu")
 SCRIPTS = sorted(f for f in os.listdir(HERE) if f.endswith(".sh"))
@@ -97,13 +97,7 @@ def test_every_server_flag_exists_in_sglang_and_the_plugin(server_parser, env_fi
     extra = {"PDD_IB_DEVICE": "mlx5_0", "PDD_MC_GID_INDEX": "3"} if transport == "rdma" else {}
     for role in ("prefill", "relay", "main"):
         _, argv = one(ROLES[role], env_file, PDD_KV_TRANSPORT=transport, **extra)
-        assert argv[1:3] == ["-m", "sglang.launch_server"]
-        try:
-            ns = server_parser.parse_args(argv[3:])
-        except argparse.ArgumentError as e:
-            pytest.fail(f"{role}: {e}")
-        cfg = config.from_cli_args(ns, ns.disaggregation_mode, ns.disaggregation_decode_enable_radix_cache)
-        assert cfg.role.value == role
+        ns, cfg = parse_server(server_parser, role, argv)
         assert supported.unsupported(cfg, ns) == [], role
         assert ns.disaggregation_transfer_backend == ("mooncake_tcp" if transport == "tcp" else "mooncake")
 
