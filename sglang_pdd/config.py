@@ -84,6 +84,11 @@ FLAGS: tuple[FlagSpec, ...] = (
              "while this relay runs at least this many requests."),
     FlagSpec("adaptive_rld_kv", float, 0.8, "relay: adaptive handoff picks one-shot while this relay's KV pool "
              "usage is at least this fraction."),
+    FlagSpec("token_curve", str, "auto", "relay and main: encrypt the token channel with ZMQ CURVE. The relay "
+             "holds the secret key, MD the relay's public key, each in SGLANG_PDD_TOKEN_CURVE_KEY or the file "
+             "SGLANG_PDD_TOKEN_CURVE_KEY_FILE names (python -m sglang_pdd.protocol.curve OUTDIR makes a pair). "
+             "'auto': on when a key is configured; 'on': refuse to start without one.",
+             choices=("auto", "on", "off")),
     FlagSpec("seeded_sampling", str, "auto", "any server: honour a request's sampling_seed (OpenAI `seed`) "
              "with sglang's position-hashed sampler, so a sampled request gives the same tokens whichever "
              "role samples which token (P the first, RLD the eager ones, MD the rest) and on a single "
@@ -130,6 +135,7 @@ class PddConfig:
     packed_wan: str = "off"
     packed_wan_mb: int = 512
     seeded_sampling: str = "auto"
+    token_curve: str = "auto"
     relays: str = ""
     kv_timeout: float = 300.0
     idle_wait_ms: float | None = None
@@ -205,6 +211,8 @@ class PddConfig:
             raise PddConfigError(f"--pdd-catchup-chunk: must be 1..65536 tokens, got {d['catchup_chunk']}")
         if "catchup_gap" in d and not 0 <= int(d["catchup_gap"]) <= int(d.get("catchup_chunk", 32)):
             raise PddConfigError(f"--pdd-catchup-gap: must be 0..--pdd-catchup-chunk, got {d['catchup_gap']}")
+        if d.get("token_curve", "auto") not in ("auto", "on", "off"):
+            raise PddConfigError(f"--pdd-token-curve: invalid choice {d['token_curve']!r} (auto, on, off)")
         if d.get("seeded_sampling", "auto") not in ("auto", "on", "off"):
             raise PddConfigError(f"--pdd-seeded-sampling: invalid choice {d['seeded_sampling']!r} (auto, on, off)")
         if d.get("packed_wan", "off") not in ("off", "plain", "fp8"):
@@ -259,6 +267,21 @@ class PddConfig:
             raise PddConfigError(f"{ENV_SECRET} (or {ENV_SECRET_FILE}) is not set: RelayDecode and MainDecode "
                                  "authenticate the token channel with it (the same value on both)")
         return value.encode()
+
+    def curve_key(self, environ: dict | None = None) -> bytes | None:
+        """The token channel's CURVE key (relay: its secret key, main: the relay's public key), or None
+        when the channel is not encrypted (protocol.curve)."""
+        from sglang_pdd.protocol.curve import ENV_KEY, CurveKeyError, load_key
+
+        if self.token_curve == "off":
+            return None
+        try:
+            key = load_key(environ)
+        except CurveKeyError as e:
+            raise PddConfigError(f"--pdd-token-curve: {e}") from None
+        if key is None and self.token_curve == "on":
+            raise PddConfigError(f"--pdd-token-curve on: no key ({ENV_KEY} or {ENV_KEY}_FILE is not set)")
+        return key
 
     def describe(self) -> str:
         waits = f", idle wait {self.idle_wait_s * 1e3:g} ms, transfer poll {self.transfer_poll_s * 1e3:g} ms"
@@ -345,4 +368,5 @@ def from_cli_args(args: argparse.Namespace, disaggregation_mode: str = "null",
         )
     if cfg.role in (Role.RELAY, Role.MAIN):
         cfg.secret()  # fail at start-up, not at the first handoff
+        cfg.curve_key()
     return cfg

@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 class MainRuntime:
     def __init__(self, scheduler, cfg: PddConfig, secret: bytes):
         self.scheduler = scheduler
-        self.channel = MainChannel(secret, vocab_size=scheduler.model_config.vocab_size)
+        self.channel = MainChannel(secret, vocab_size=scheduler.model_config.vocab_size, curve_key=cfg.curve_key())
         self.relays = cfg.relay_set
         self.handoff = MainHandoff(self.channel, timeout_s=cfg.handoff_timeout,
                                    keep_kv_when_relay_finishes=cfg.relay_finished_kv == "keep",

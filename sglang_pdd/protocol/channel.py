@@ -20,7 +20,7 @@ import logging
 
 import zmq
 
-from sglang_pdd.protocol import messages
+from sglang_pdd.protocol import curve, messages
 from sglang_pdd.protocol.auth import FrameAuth
 from sglang_pdd.protocol.messages import Message, ProtocolError
 from sglang_pdd.protocol.replay import (MAIN_TO_RELAY, RELAY_TO_MAIN, ReplayWindow, SessionGuard, new_session,
@@ -72,10 +72,13 @@ class _Endpoint:
 class RelayChannel(_Endpoint):
     """RLD side: bound ROUTER. `poll()` -> [(peer_id, message)], `send(peer_id, message)`."""
 
-    def __init__(self, bind: str, secret: bytes, vocab_size: int | None = None):
+    def __init__(self, bind: str, secret: bytes, vocab_size: int | None = None, curve_key: bytes | None = None):
         super().__init__(secret, vocab_size)
         self.sock = self._ctx.socket(zmq.ROUTER)
         configure(self.sock)
+        if curve_key is not None:  # the relay's CURVE secret key (protocol.curve)
+            curve.serve(self.sock, curve_key)
+        self.encrypted = curve_key is not None
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.sock.bind(bind)
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -139,8 +142,10 @@ class _Connection:
 class MainChannel(_Endpoint):
     """MD side: one DEALER per relay address. `send(addr, message)`, `poll()` -> [(addr, message)]."""
 
-    def __init__(self, secret: bytes, vocab_size: int | None = None):
+    def __init__(self, secret: bytes, vocab_size: int | None = None, curve_key: bytes | None = None):
         super().__init__(secret, vocab_size)
+        self._curve_key = curve_key  # the relays' CURVE public key (protocol.curve)
+        self.encrypted = curve_key is not None
         self._conns: dict[str, _Connection] = {}
         self._poller = zmq.Poller()
 
@@ -149,6 +154,8 @@ class MainChannel(_Endpoint):
         if c is None:
             s = self._ctx.socket(zmq.DEALER)
             configure(s)
+            if self._curve_key is not None:
+                curve.connect_to(s, self._curve_key)
             try:
                 s.connect(addr)
             except zmq.ZMQError:

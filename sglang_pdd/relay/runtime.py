@@ -39,7 +39,7 @@ class RelayRuntime:
         self.scheduler = scheduler
         host = scheduler.server_args.host or "0.0.0.0"
         self.channel = RelayChannel(f"tcp://{host}:{cfg.token_port}", secret,
-                                    vocab_size=scheduler.model_config.vocab_size)
+                                    vocab_size=scheduler.model_config.vocab_size, curve_key=cfg.curve_key())
         policy = HandoffModePolicy(HandoffModeConfig(
             rld_busy_running=cfg.adaptive_rld_running, rld_busy_kv_usage=cfg.adaptive_rld_kv,
             md_small_batch=cfg.adaptive_md_batch))
@@ -50,7 +50,8 @@ class RelayRuntime:
         self._modes_seen: dict[tuple[str, str], int] = {}
         self._chunks_seen: dict[str, int] = {}
         idle_wait.watch(scheduler, self.channel.sock)  # tokens from MD end an idle wait
-        logger.info("sglang-pdd relay: token channel on %s", self.channel.address)
+        logger.info("sglang-pdd relay: token channel on %s%s", self.channel.address,
+                    " (CURVE encrypted)" if self.channel.encrypted else "")
 
     # -- RelayOps ---------------------------------------------------------------------------
     def is_decoding(self, req: Any) -> bool:

@@ -108,6 +108,7 @@ NON_DEFAULT = {
     "adaptive_rld_kv": 0.25,
     "handoff_timeout": 7.5,
     "seeded_sampling": "on",
+    "token_curve": "off",
     "relays": "tcp://10.0.0.5:18500,tcp://rld-b:18501",
     "kv_timeout": 90.0,
     "idle_wait_ms": 2.5,
