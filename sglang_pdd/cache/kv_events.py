@@ -98,6 +98,7 @@ class FeedStats:
     events: int = 0
     duplicates: int = 0
     gaps: int = 0
+    disconnects: int = 0
     restarts: int = 0
     replays: int = 0
     unknown_removed: int = 0  # hashes removed that the view never saw stored
@@ -118,12 +119,25 @@ class KvEventFeed:
         self._recent: OrderedDict[int, bytes] = OrderedDict()  # seq -> digest of applied batches
         self._held: tuple[int, bytes] | None = None  # the live batch that revealed a gap
         self.resync_from: int | None = None  # set: the subscriber should replay from here
+        self._dropped_exact = False  # the connection dropped while the view was exact
         if can_replay:
             self.resync_from = 0  # learn MD's history before trusting anything
 
     @property
     def can_replay(self) -> bool:
         return self._has_replay and self._clock() >= self._replay_down_until
+
+    # -- the connection ----------------------------------------------------------------------------
+    def on_disconnect(self) -> None:
+        """The publisher's connection dropped (heartbeat timeout, reset): batches published until it is
+        back are lost to us, so the view is stale until the next batch shows none was (its number follows
+        ours) or a replay continues our history."""
+        self.stats.disconnects += 1
+        if self.view.exact:
+            self._dropped_exact = True
+        self.view.mark_stale("lost the connection to MD's KV event publisher")
+        if self.can_replay and self.last_seq is not None and self.resync_from is None:
+            self.resync_from = self.last_seq
 
     # -- live messages --------------------------------------------------------------------------
     def on_message(self, frames: list[bytes]) -> None:
@@ -139,6 +153,9 @@ class KvEventFeed:
         self.on_batch(seq, frames[2])
 
     def on_batch(self, seq: int, payload: bytes) -> None:
+        if self._dropped_exact and self.last_seq is not None and seq == self.last_seq + 1:
+            self.view.mark_exact("the first batch after a reconnection follows ours")
+        self._dropped_exact = False
         if self.last_seq is not None and seq <= self.last_seq:
             if self._recent.get(seq) == _digest(payload):
                 self.stats.duplicates += 1
@@ -170,6 +187,9 @@ class KvEventFeed:
             self.view.mark_stale("the replay endpoint did not answer")
         elif start > 0:  # from our last batch: continuous iff it comes back unchanged
             if batches and batches[0][0] == start and self._recent.get(start) == _digest(batches[0][1]):
+                if self._dropped_exact:
+                    self.view.mark_exact("a replay after a reconnection continued our history")
+                self._dropped_exact = False
                 self._apply_run(batches[1:])
             else:
                 self._restart("replay does not continue the batches applied so far")
@@ -253,6 +273,16 @@ def _digest(payload: bytes) -> bytes:
     return hashlib.blake2b(payload, digest_size=16).digest()
 
 
+def _liveness() -> tuple:
+    """ZMQ heartbeats and TCP keepalive on the subscription: an idle flow a middlebox dropped is noticed
+    (the connection closes, the view goes stale, ZMQ reconnects) instead of looking connected forever."""
+    import zmq
+
+    return ((zmq.LINGER, 0), (zmq.HEARTBEAT_IVL, 10_000), (zmq.HEARTBEAT_TIMEOUT, 30_000),
+            (zmq.HEARTBEAT_TTL, 30_000), (zmq.TCP_KEEPALIVE, 1), (zmq.TCP_KEEPALIVE_IDLE, 30),
+            (zmq.TCP_KEEPALIVE_INTVL, 10), (zmq.TCP_KEEPALIVE_CNT, 3))
+
+
 @dataclass(frozen=True)
 class KvEventSource:
     """Where one MD publishes: its `--kv-events-config` endpoint and replay_endpoint, as seen from
@@ -296,8 +326,13 @@ class KvEventSubscriber:
         import zmq
 
         sub = self._ctx.socket(zmq.SUB)
-        sub.setsockopt(zmq.LINGER, 0)
+        for opt, value in _liveness():
+            sub.setsockopt(opt, value)
         sub.setsockopt(zmq.SUBSCRIBE, self.source.topic.encode())
+        monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        poller = zmq.asyncio.Poller()
+        poller.register(sub, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
         sub.connect(self.source.endpoint)
         logger.info("%s: subscribed to MD's KV events at %s (replay: %s)", self.view.name,
                     self.source.endpoint, self.source.replay_endpoint or "none")
@@ -308,6 +343,13 @@ class KvEventSubscriber:
                     self.feed.on_replay(start, await self._replay(start))
                     continue
                 try:
+                    ready = dict(await poller.poll())
+                    if monitor in ready:
+                        await monitor.recv_multipart()
+                        logger.warning("%s: KV event publisher %s disconnected", self.view.name, self.source.endpoint)
+                        self.feed.on_disconnect()
+                    if sub not in ready:
+                        continue
                     frames = await sub.recv_multipart()
                 except zmq.ZMQError as e:
                     logger.warning("%s: KV event socket: %s", self.view.name, e)
@@ -315,6 +357,8 @@ class KvEventSubscriber:
                     continue
                 self.feed.on_message(frames)
         finally:
+            sub.disable_monitor()
+            monitor.close(linger=0)
             sub.close(linger=0)
 
     async def _replay(self, start: int) -> list[tuple[int, bytes]] | None:

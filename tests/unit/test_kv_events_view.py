@@ -353,3 +353,70 @@ def test_router_cli_takes_one_kv_events_source_per_main():
     with pytest.raises(SystemExit, match="one per --main"):
         _kv_event_args(args.main_kv_events, mains, "")
     assert _kv_event_args(build_parser().parse_args(argv).main_kv_events, mains, "") == {}
+
+
+# -- liveness: a dropped connection ---------------------------------------------------------------------
+def test_a_dropped_connection_is_stale_until_the_next_batch_shows_nothing_was_lost():
+    f = KvEventFeed(ExactCacheView(), can_replay=False)
+    f.on_message(msg(0, chain([5, 6, 7])))
+    f.on_disconnect()
+    assert not f.view.exact and "connection" in f.view.stale_reason and f.stats.disconnects == 1
+    f.on_message(msg(1, removed([102])))  # the next number: nothing was published meanwhile
+    assert f.view.exact and f.view.match([5, 6, 7]) == 2
+    f.on_disconnect()
+    f.on_message(msg(3, removed([101])))  # batch 2 went out while we were away
+    assert not f.view.exact and "lost batches 2..2" in f.view.stale_reason
+
+
+def test_a_dropped_connection_with_replay_asks_from_the_last_batch_and_a_continuation_is_exact():
+    f = KvEventFeed(ExactCacheView(), can_replay=True)
+    f.on_replay(0, [(0, payload(chain([5, 6, 7])))])
+    assert f.view.exact
+    f.on_disconnect()
+    assert not f.view.exact and f.resync_from == 0
+    f.on_replay(0, [(0, payload(chain([5, 6, 7]))), (1, payload(removed([102])))])
+    assert f.view.exact and f.view.match([5, 6, 7]) == 2 and f.last_seq == 1
+
+
+def test_the_subscriber_marks_its_view_stale_when_the_publisher_goes_away_and_exact_when_it_continues():
+    import zmq
+
+    port = _free_port()
+    ctx = zmq.Context()
+
+    def publisher():
+        pub = ctx.socket(zmq.PUB)
+        pub.setsockopt(zmq.LINGER, 0)
+        pub.bind(f"tcp://127.0.0.1:{port}")
+        return pub
+
+    async def until(cond, what, pub=None, frames=None):
+        for _ in range(500):
+            if cond():
+                return
+            if pub is not None:  # a PUB drops what it sends before the subscription arrived: resend
+                pub.send_multipart(frames)
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"subscriber never saw {what}")
+
+    async def scenario():
+        view = ExactCacheView(name="md")
+        sub = KvEventSubscriber(KvEventSource(f"tcp://127.0.0.1:{port}"), view)
+        pub = publisher()
+        sub.start()
+        try:
+            await until(lambda: view.exact, "batch 0", pub, msg(0, chain([5, 6, 7])))
+            pub.close(0)  # MD's publisher goes away: the subscriber's connection drops
+            await until(lambda: not view.exact, "the disconnection")
+            pub = publisher()
+            await until(lambda: view.exact and view.match([5, 6, 7]) == 2, "batch 1", pub, msg(1, removed([102])))
+            return sub.feed.stats
+        finally:
+            await sub.close()
+            pub.close(0)
+
+    try:
+        stats = asyncio.run(scenario())
+    finally:
+        ctx.term()
+    assert stats.disconnects >= 1 and stats.gaps == 0
