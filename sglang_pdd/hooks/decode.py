@@ -73,14 +73,18 @@ def around_process_decode_queue(original, scheduler, *a, **kw):
         rt.after_process_decode_queue()
     else:
         rt.poll()
-    now = time.monotonic()
+    now = rt._active_at = time.monotonic()
     if now - getattr(rt, "_published_at", 0.0) >= PUBLISH_EVERY_S:  # the loop can spin: gauges are not free
-        rt._published_at = now
-        role = "main" if hasattr(rt, "after_process_decode_queue") else "relay"
-        metrics.publish_pool_state(role, scheduler)
-        if role == "main":
-            rt.publish()
+        _publish(rt, scheduler, now)
     return result
+
+
+def _publish(rt, scheduler, now: float) -> None:
+    rt._published_at = now
+    role = "main" if hasattr(rt, "after_process_decode_queue") else "relay"
+    metrics.publish_pool_state(role, scheduler)
+    if role == "main":
+        rt.publish()
 
 
 def around_get_next_disagg_decode_batch_to_run(original, scheduler, running_batch, *a, **kw):
@@ -112,6 +116,8 @@ def after_is_fully_idle(result, scheduler, *a, **kw):
     rt = runtime(scheduler)
     if result and rt is not None and hasattr(rt, "busy") and rt.busy():
         return False
+    if result and rt is not None and getattr(rt, "_published_at", 0.0) < getattr(rt, "_active_at", 0.0):
+        _publish(rt, scheduler, time.monotonic())  # going idle: the gauges show the final state, not one 0.25 s old
     return result
 
 
