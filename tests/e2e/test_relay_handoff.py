@@ -184,11 +184,13 @@ def test_main_fails_cleanly_when_the_relay_cannot_hand_over(pdd, reference_serve
     address = "tcp://127.0.0.1:1" if relay == "unreachable" else pdd.roles.token_channel
     body = greedy_body(prompts.ids(60, seed=90), 8)
     body["sampling_params"]["custom_params"] = RequestParams(v=1, relay_room=room, relay=address).to_custom_params()
-    body.update(bootstrap_host="127.0.0.1", bootstrap_port=pdd.bootstrap_port, bootstrap_room=room)
+    body.update(bootstrap_host="127.0.0.1", bootstrap_port=pdd.bootstrap_port, bootstrap_room=room,
+                rid=f"no-handoff-{room}")
     out = {}
     t = threading.Thread(target=lambda: out.update(p=http_json(pdd.prefill.url + "/generate", body)))
     t.start()
     status, reply = http_json(pdd.main.url + "/generate", body)
+    http_json(pdd.prefill.url + "/abort_request", {"rid": body["rid"]})  # P's copy has nobody left to serve
     t.join()
     assert status >= 400, reply
     assert "relay" in str(reply), reply
