@@ -249,24 +249,19 @@ class PddConfig:
     def secret(self, environ: dict | None = None) -> bytes:
         """The token channel's shared secret: `SGLANG_PDD_SECRET`, or the contents of the file
         `SGLANG_PDD_SECRET_FILE` names (one trailing newline dropped); relay and main need one."""
+        from sglang_pdd.env_secret import env_or_file
+
         env = environ if environ is not None else os.environ
-        value, path = env.get(ENV_SECRET, ""), env.get(ENV_SECRET_FILE, "")
-        if value and path:
-            raise PddConfigError(f"both {ENV_SECRET} and {ENV_SECRET_FILE} are set: set one")
-        if path:
-            try:
-                with open(path, "rb") as f:
-                    data = f.read()
-            except OSError as e:
-                raise PddConfigError(f"{ENV_SECRET_FILE}: cannot read {path}: {e.strerror}") from None
-            data = data[:-1] if data.endswith(b"\n") else data
-            if not data.strip():
-                raise PddConfigError(f"{ENV_SECRET_FILE}: {path} is empty")
-            return data
-        if not value:
+        try:
+            data, source = env_or_file(env, ENV_SECRET, ENV_SECRET_FILE)
+        except ValueError as e:
+            raise PddConfigError(str(e)) from None
+        if source == ENV_SECRET_FILE and not (data or b"").strip():
+            raise PddConfigError(f"{ENV_SECRET_FILE}: {env[ENV_SECRET_FILE]} is empty")
+        if not data:
             raise PddConfigError(f"{ENV_SECRET} (or {ENV_SECRET_FILE}) is not set: RelayDecode and MainDecode "
                                  "authenticate the token channel with it (the same value on both)")
-        return value.encode()
+        return data
 
     def curve_key(self, environ: dict | None = None) -> bytes | None:
         """The token channel's CURVE key (relay: its secret key, main: the relay's public key), or None

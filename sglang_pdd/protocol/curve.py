@@ -32,25 +32,22 @@ class CurveKeyError(ValueError):
 
 def load_key(environ: dict | None = None) -> bytes | None:
     """The configured Z85 key (40 characters), None when neither variable is set."""
+    from sglang_pdd.env_secret import env_or_file
+
     env = environ if environ is not None else os.environ
-    value, path = env.get(ENV_KEY, ""), env.get(ENV_KEY_FILE, "")
-    if value and path:
-        raise CurveKeyError(f"both {ENV_KEY} and {ENV_KEY_FILE} are set: set one")
-    if path:
-        try:
-            with open(path, "rb") as f:
-                value = f.read().decode("ascii", "replace")
-        except OSError as e:
-            raise CurveKeyError(f"{ENV_KEY_FILE}: cannot read {path}: {e.strerror}") from None
-    if not value:
+    try:
+        data, source = env_or_file(env, ENV_KEY, ENV_KEY_FILE)
+    except ValueError as e:
+        raise CurveKeyError(str(e)) from None
+    if not data:
         return None
-    key = value.strip().encode()
+    key = data.strip()
     try:
         ok = len(key) == 40 and len(zmq.utils.z85.decode(key)) == 32
     except Exception:
         ok = False
     if not ok:
-        raise CurveKeyError(f"{ENV_KEY_FILE if path else ENV_KEY}: not a Z85 CURVE key (40 characters)")
+        raise CurveKeyError(f"{source}: not a Z85 CURVE key (40 characters)")
     return key
 
 

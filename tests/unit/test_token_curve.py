@@ -5,7 +5,6 @@ control); a plaintext MD never reaches an encrypting relay; keys are checked at 
 import os
 import socket
 import threading
-import time
 
 import pytest
 import zmq
@@ -16,6 +15,8 @@ from sglang_pdd.protocol import curve
 from sglang_pdd.protocol.channel import MainChannel, RelayChannel
 from sglang_pdd.protocol.messages import Ready, Tokens
 from sglang_pdd.roles import Role
+
+from .test_token_channel import wait_for
 
 SECRET = b"k"
 IDS = [1000 + i for i in range(64)]  # msgpack: uint16 0xcd 0x03 0xe8, 0xcd 0x03 0xe9, ...
@@ -61,15 +62,6 @@ class Proxy:
         self.srv.close()
 
 
-def wait_for(fn, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = fn()
-        if got or time.monotonic() > deadline:
-            return got
-        time.sleep(0.01)
-
-
 def exchange(relay_key, main_key):
     """Ready from MD, Tokens back from RLD, through the proxy; (what MD got, the bytes on the wire)."""
     relay = RelayChannel("tcp://127.0.0.1:*", SECRET, vocab_size=2048, curve_key=relay_key)
@@ -83,7 +75,7 @@ def exchange(relay_key, main_key):
             return [], bytes(proxy.seen)
         peer, _ = got[0]
         relay.send(peer, Tokens(room=7, start=0, ids=IDS, final=True))
-        return wait_for(main.poll), bytes(proxy.seen)
+        return wait_for(main.poll, timeout=10.0), bytes(proxy.seen)
     finally:
         main.close(), relay.close(), proxy.close()
 
