@@ -200,23 +200,13 @@ class PddConfig:
         for name in ("main_bootstrap_timeout", "handoff_timeout", "kv_timeout"):
             if name in d and not float(d[name]) > 0:
                 raise PddConfigError(f"--pdd-{name.replace('_', '-')}: must be > 0 seconds, got {d[name]}")
-        if d.get("relay_finished_kv", "keep") not in ("keep", "abort"):
-            raise PddConfigError(f"--pdd-relay-finished-kv: invalid choice {d['relay_finished_kv']!r} (keep, abort)")
-        if d.get("handoff_mode", "adaptive") not in ("one-shot", "catch-up", "adaptive"):
-            raise PddConfigError(f"--pdd-handoff-mode: invalid choice {d['handoff_mode']!r} "
-                                 "(one-shot, catch-up, adaptive)")
-        if d.get("handoff_attention", "auto") not in ("auto", "sglang"):
-            raise PddConfigError(f"--pdd-handoff-attention: invalid choice {d['handoff_attention']!r} (auto, sglang)")
+        for spec in FLAGS:  # every flag with choices, as the CLI parser checks them
+            if spec.choices and spec.name != "role" and d.get(spec.name, spec.default) not in spec.choices:
+                raise PddConfigError(f"{spec.flag}: invalid choice {d[spec.name]!r} ({', '.join(spec.choices)})")
         if "catchup_chunk" in d and not 1 <= int(d["catchup_chunk"]) <= 65536:
             raise PddConfigError(f"--pdd-catchup-chunk: must be 1..65536 tokens, got {d['catchup_chunk']}")
         if "catchup_gap" in d and not 0 <= int(d["catchup_gap"]) <= int(d.get("catchup_chunk", 32)):
             raise PddConfigError(f"--pdd-catchup-gap: must be 0..--pdd-catchup-chunk, got {d['catchup_gap']}")
-        if d.get("token_curve", "auto") not in ("auto", "on", "off"):
-            raise PddConfigError(f"--pdd-token-curve: invalid choice {d['token_curve']!r} (auto, on, off)")
-        if d.get("seeded_sampling", "auto") not in ("auto", "on", "off"):
-            raise PddConfigError(f"--pdd-seeded-sampling: invalid choice {d['seeded_sampling']!r} (auto, on, off)")
-        if d.get("packed_wan", "off") not in ("off", "plain", "fp8"):
-            raise PddConfigError(f"--pdd-packed-wan: invalid choice {d['packed_wan']!r} (off, plain, fp8)")
         if "packed_wan_mb" in d and not 1 <= int(d["packed_wan_mb"]) <= 1 << 20:
             raise PddConfigError(f"--pdd-packed-wan-mb: must be 1..1048576 MiB, got {d['packed_wan_mb']}")
         for name in ("adaptive_md_batch", "adaptive_rld_running"):
