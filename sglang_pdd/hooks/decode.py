@@ -11,6 +11,7 @@ import time
 from sglang_pdd import metrics
 from sglang_pdd.config import PddConfig
 from sglang_pdd.main.handoff_attention import ATTENTION
+from sglang_pdd.request_errors import end_queued
 from sglang_pdd.roles import Role
 
 logger = logging.getLogger(__name__)
@@ -52,16 +53,7 @@ def after_add_request_to_queue(_result, scheduler, req, is_retracted=False, *a, 
             rt.track(req)
     except Exception as e:  # this request's problem: it ends with an error, the scheduler goes on
         logger.exception("request %s: sglang-pdd could not take it", req.rid)
-        end_request(req, f"pdd: internal error taking the request: {type(e).__name__}: {e}")
-
-
-def end_request(req, message: str) -> None:
-    """End a request sglang just queued with an error, as sglang's own per-request errors do (the
-    decode prealloc queue streams the abort and frees what it holds)."""
-    from sglang.srt.disaggregation.utils import prepare_abort
-
-    req.to_finish = None
-    prepare_abort(req, message, status_code=500)
+        end_queued(req, f"pdd: internal error taking the request: {type(e).__name__}: {e}", status_code=500)
 
 
 def around_process_decode_queue(original, scheduler, *a, **kw):

@@ -14,6 +14,7 @@ from sglang_pdd.main import extend_batch
 from sglang_pdd.main.handoff import MainHandoff
 from sglang_pdd.protocol.channel import MainChannel
 from sglang_pdd.protocol.request import RequestParamsError, parse
+from sglang_pdd.request_errors import end_queued
 
 logger = logging.getLogger(__name__)
 
@@ -46,11 +47,11 @@ class MainRuntime:
         try:
             params = parse(req.sampling_params.custom_params)
         except RequestParamsError as e:
-            return self._refuse(req, str(e), status_code=400)
+            return end_queued(req, str(e), status_code=400)
         if params is None or params.relay is None:
             return  # a plain P->MD request
         if params.relay not in self.relays:
-            return self._refuse(req, f"pdd: relay {params.relay!r} is not one of this server's --pdd-relays",
+            return end_queued(req, f"pdd: relay {params.relay!r} is not one of this server's --pdd-relays",
                                 status_code=400)
         if self._testing and self._knobs and config.read_test_knobs().drop_eager_kv:
             params = msgspec.structs.replace(params, test_drop_eager_kv=True)
@@ -62,16 +63,7 @@ class MainRuntime:
             self.handoff.drop(req.rid)
             error = f"pdd: cannot take the relayed request: {type(e).__name__}: {e}"
         if error is not None:
-            self._refuse(req, error, status_code=503)
-
-    @staticmethod
-    def _refuse(req: Any, message: str, status_code: int) -> None:
-        """End a request sglang queued a moment ago (its prealloc queue streams the error and frees it)."""
-        from sglang.srt.disaggregation.utils import prepare_abort
-
-        logger.warning("request %s refused: %s", req.rid, message)
-        req.to_finish = None
-        prepare_abort(req, message, status_code=status_code)
+            end_queued(req, error, status_code=503)
 
     def _register_sockets(self) -> None:
         for sock in self.channel.sockets():  # RLD's tokens end an idle wait
