@@ -68,12 +68,12 @@ def test_servers_run_inside_their_namespace_with_their_own_address():
     assert wrapped.url == "http://10.77.0.2:30200"
 
 
-def test_a_deployment_adds_the_idle_flags_to_every_server_and_pins_it_to_its_sides_cpus():
+def test_a_deployment_adds_the_idle_flags_to_every_server_and_pins_it_to_its_sides_cpus(tmp_path):
     class TB:
         def ns(self, side):
             return NetNS("bench" + side)
 
-    dep = S.Deployment(TB(), "m", "/tmp/logs", server_flags=("--pdd-idle-wait-ms", "5"), cpus={"B": "1"})
+    dep = S.Deployment(TB(), "m", str(tmp_path), server_flags=("--pdd-idle-wait-ms", "5"), cpus={"B": "1"})
     cfg = ServerConfig(model="m", port=30200, host="10.77.0.2", mode="decode")
     argv = dep.server(cfg, "B").argv()
     assert argv[:7] == ["ip", "netns", "exec", "benchB", "taskset", "-c", "1"]
