@@ -83,6 +83,7 @@ class Dispatcher:
         self.views, self.kv_subscribers = main_views([p.url for p in main.peers], kv_events)
         self.session: aiohttp.ClientSession | None = None
         self._background: set[asyncio.Task] = set()  # MD copies left to land their KV
+        self._releasing: set[asyncio.Task] = set()  # requests' clean-ups (see generate)
 
     async def start(self) -> None:
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
@@ -96,6 +97,7 @@ class Dispatcher:
                 self.session, [p.url for p in self.prefill.peers], self.cfg.bandwidth_poll_s))
 
     async def close(self) -> None:
+        await asyncio.gather(*self._releasing, return_exceptions=True)
         await asyncio.gather(*(sub.close() for sub in self.kv_subscribers))
         task = getattr(self, "_feed_task", None)
         if task is not None:
@@ -173,14 +175,24 @@ class Dispatcher:
             outcome.output_logprobs = lp or None
             self.views[md.url].insert(list(input_ids) + stitcher.ids)
         finally:
-            pending = [t for t in tasks if not t.done() and t not in self._background]
-            for t in pending:
-                t.cancel()
-            if pending or not stitcher.done:
-                await asyncio.gather(*(upstream.abort(self.session, peer.url, body["rid"])
-                                       for (_, peer, body), t in zip(calls, tasks) if t not in self._background),
-                                     return_exceptions=True)
-            await asyncio.gather(*(t for t in tasks if t not in self._background), return_exceptions=True)
+            # Shielded: a handler cancelled while it lets go (the client's connection dropped just after
+            # a write to it failed) must still abort every role's copy.
+            release = asyncio.ensure_future(self._release(calls, tasks, stitcher.done))
+            self._releasing.add(release)
+            release.add_done_callback(self._releasing.discard)
+            await asyncio.shield(release)
+
+    async def _release(self, calls: list[tuple[str, Peer, dict]], tasks: list[asyncio.Task], done: bool) -> None:
+        """Cancel the request's role tasks and abort its copies on every role it reached (unless it
+        ended normally), except the copies left to finish on their own."""
+        mine = [(body, peer, t) for (_, peer, body), t in zip(calls, tasks) if t not in self._background]
+        pending = [t for _, _, t in mine if not t.done()]
+        for t in pending:
+            t.cancel()
+        if pending or not done:
+            await asyncio.gather(*(upstream.abort(self.session, peer.url, body["rid"]) for body, peer, _ in mine),
+                                 return_exceptions=True)
+        await asyncio.gather(*(t for _, _, t in mine), return_exceptions=True)
 
     def _leave_running(self, tasks: list[asyncio.Task]) -> None:
         """Let these requests finish on their own (bounded by the request timeout); nobody reads them."""

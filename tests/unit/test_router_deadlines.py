@@ -133,6 +133,8 @@ def test_a_client_gone_mid_stream_aborts_every_role(path, role):
     async def go():
         async with fu.FakeCluster() as cl:
             getattr(cl, role).behaviour = slow_stream()
+            if role == "relay":  # MD waits for the handoff, as it does
+                cl.main.behaviour = fu.hang()
             async with fu.router_client(cl, pipeline="relay" if role == "relay" else "direct") as c:
                 r = await c.post(path, json=body)
                 await r.content.readline()  # the first chunk arrived
@@ -143,3 +145,30 @@ def test_a_client_gone_mid_stream_aborts_every_role(path, role):
 
     cl = run(go(), guard_s=60)
     assert cl.main.aborts and cl.prefill.aborts
+
+
+def test_a_handler_cancelled_while_letting_go_still_aborts_every_role():
+    """aiohttp may cancel the handler when the connection drops just after a write to it failed: the
+    clean-up is already running then, and must not be cut short (found under uvloop: no role was told)."""
+    from sglang_pdd.router.dispatch import DispatchConfig, Dispatcher, Outcome
+
+    async def go():
+        async with fu.FakeCluster() as cl:
+            cl.relay.behaviour, cl.main.behaviour = slow_stream(), fu.hang()
+            d = Dispatcher(*cl.pools(), DispatchConfig("relay", bandwidth_poll_s=0), decode=lambda ids: "")
+            await d.start()
+            try:
+                stream = d.generate([5, 6], {"max_new_tokens": 9000}, {}, Outcome())
+                await stream.__anext__()
+                closing = asyncio.create_task(stream.aclose())
+                while not d._releasing:  # the clean-up started
+                    await asyncio.sleep(0)
+                closing.cancel()
+                while not (cl.relay.aborts and cl.main.aborts and cl.prefill.aborts):  # bounded by run()
+                    await asyncio.sleep(0.02)
+            finally:
+                await d.close()
+            return cl
+
+    cl = run(go())
+    assert [len(r.aborts) for r in (cl.prefill, cl.relay, cl.main)] == [1, 1, 1]
