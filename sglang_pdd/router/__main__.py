@@ -20,7 +20,7 @@ import logging
 import sys
 from urllib.parse import urlparse
 
-from sglang_pdd.cache.kv_events import KvEventSource
+from sglang_pdd.cache.kv_subscriber import KvEventSource
 from sglang_pdd.router.dispatch import PIPELINE_MODES, DispatchConfig, Dispatcher
 from sglang_pdd.router.peers import Peer, PeerPool
 

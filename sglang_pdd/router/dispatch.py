@@ -18,7 +18,7 @@ from typing import AsyncIterator, Callable
 import aiohttp
 
 from sglang_pdd.cache import CacheView
-from sglang_pdd.cache.kv_events import KvEventSource, main_views
+from sglang_pdd.cache.kv_subscriber import KvEventSource, main_views
 from sglang_pdd.protocol.request import RequestParams, with_params
 from sglang_pdd.router import admission, upstream
 from sglang_pdd.router.peers import Peer, PeerPool

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from sglang_pdd.cache.exact_view import ExactCacheView
-from sglang_pdd.cache.kv_events import KvEventSource, KvEventSubscriber
+from sglang_pdd.cache.kv_subscriber import KvEventSource, KvEventSubscriber
 from sglang_pdd.cache.prefix_view import PrefixView
 from sglang_pdd.testing.client import generate, greedy_body, pd_generate
 from sglang_pdd.testing.launch_args import PddRouterConfig, ServerConfig

@@ -1,46 +1,20 @@
 """Contract of the router's exact view of MD's cache from sglang's KV events: what a hit is (whole
 blocks along the stored chain), eviction shrinking it, unknown parents and removals, the ordering
 of batches (duplicates, gaps, replay, publisher restarts), malformed messages counted and skipped,
-and the wire format itself against sglang's own radix cache and ZMQ publisher."""
+and the wire format itself against sglang's own radix cache (the ZMQ side: test_kv_subscriber)."""
 
 from __future__ import annotations
 
-import asyncio
 import random
-import socket
 import time
 
 import msgspec
 import pytest
 
 from sglang_pdd.cache.exact_view import ExactCacheView
-from sglang_pdd.cache.kv_events import KvEventFeed, KvEventSource, KvEventSubscriber, main_views
+from sglang_pdd.cache.kv_events import KvEventFeed
 from sglang_pdd.cache.prefix_view import PrefixView
-
-
-def stored(hashes, parent, tokens, block_size=1, medium="GPU", **extra) -> dict:
-    return {"type": "BlockStored", "block_hashes": list(hashes), "parent_block_hash": parent,
-            "token_ids": list(tokens), "block_size": block_size, "lora_id": None, "medium": medium, **extra}
-
-
-def removed(hashes, medium="GPU") -> dict:
-    return {"type": "BlockRemoved", "block_hashes": list(hashes), "medium": medium}
-
-
-CLEARED = {"type": "AllBlocksCleared"}
-
-
-def payload(*events) -> bytes:
-    return msgspec.msgpack.encode([1.0, list(events), None])  # sglang's EventBatch: [ts, events, dp_rank]
-
-
-def msg(seq: int, *events) -> list[bytes]:
-    return [b"", seq.to_bytes(8, "big"), payload(*events)]
-
-
-def chain(tokens, first_hash=100, parent=None) -> dict:
-    """Page-size-1 blocks for `tokens`, hashes first_hash, first_hash+1, ..."""
-    return stored(range(first_hash, first_hash + len(tokens)), parent, tokens)
+from tests.unit.kv_event_frames import CLEARED, chain, msg, payload, removed, stored
 
 
 # -- the view ---------------------------------------------------------------------------------------
@@ -278,83 +252,6 @@ def test_the_view_matches_sglangs_radix_cache_through_inserts_and_evictions(page
     assert feed.view.exact and feed.stats.malformed == {} and feed.stats.unknown_removed == 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_the_subscriber_follows_sglangs_zmq_publisher_and_replays_what_it_missed():
-    kv = pytest.importorskip("sglang.srt.disaggregation.kv_events")
-    from sglang.srt.mem_cache.events import StorageMedium
-
-    pub_port, replay_port = _free_port(), _free_port()
-    pub = kv.ZmqEventPublisher(attn_dp_rank=0, endpoint=f"tcp://127.0.0.1:{pub_port}", bind=True,
-                               replay_endpoint=f"tcp://127.0.0.1:{replay_port}")
-
-    def publish(*events):
-        pub.publish(kv.KVEventBatch(ts=time.time(), events=list(events)))
-
-    def store(hashes, parent, tokens):
-        return kv.BlockStored(block_hashes=hashes, parent_block_hash=parent, token_ids=tokens, block_size=1,
-                              lora_id=None, medium=StorageMedium.GPU)
-
-    async def until(cond, what):
-        for _ in range(500):
-            if cond():
-                return
-            await asyncio.sleep(0.02)
-        raise AssertionError(f"subscriber never saw {what}")
-
-    async def scenario():
-        publish(kv.AllBlocksCleared(), store([1, 2, 3], None, [5, 6, 7]))  # before the router is up
-        await asyncio.sleep(0.2)
-        view = ExactCacheView(name="md")
-        sub = KvEventSubscriber(KvEventSource(f"tcp://127.0.0.1:{pub_port}", f"tcp://127.0.0.1:{replay_port}"),
-                                view, replay_timeout_s=2.0)
-        sub.start()
-        try:
-            await until(lambda: view.exact and view.match([5, 6, 7]) == 3, "the replayed history")
-            await asyncio.sleep(0.3)  # the subscription settles
-            publish(kv.BlockRemoved(block_hashes=[3]))
-            await until(lambda: view.match([5, 6, 7]) == 2, "a live eviction")
-            return sub.feed.stats
-        finally:
-            await sub.close()
-
-    try:
-        stats = asyncio.run(scenario())
-    finally:
-        pub.shutdown()
-    assert stats.replays == 1 and stats.malformed == {}
-
-
-# -- the router's side --------------------------------------------------------------------------------
-def test_only_mains_with_kv_events_get_an_exact_view():
-    views, subs = main_views(["http://a:1", "http://b:1"], {"http://b:1": KvEventSource("tcp://b:5557")})
-    assert isinstance(views["http://a:1"], PrefixView) and isinstance(views["http://b:1"], ExactCacheView)
-    assert [s.view for s in subs] == [views["http://b:1"]]
-    with pytest.raises(ValueError, match="unknown main"):
-        main_views(["http://a:1"], {"http://c:1": KvEventSource("tcp://c:5557")})
-    with pytest.raises(ValueError, match="not a bind wildcard"):
-        KvEventSource("tcp://*:5557")
-
-
-def test_router_cli_takes_one_kv_events_source_per_main():
-    from sglang_pdd.router.__main__ import _kv_event_args, _peer_args, build_parser
-
-    argv = ["--prefill", "http://p:1", "--main", "http://m:3", "--main", "http://n:3", "--tokenizer", "x"]
-    args = build_parser().parse_args(argv + ["--main-kv-events", "tcp://m:5557", "tcp://m:5558",
-                                             "--main-kv-events", "none"])
-    mains = _peer_args(args.main, "main", None, "--main")
-    assert _kv_event_args(args.main_kv_events, mains, "") == {
-        "http://m:3": KvEventSource("tcp://m:5557", "tcp://m:5558")}
-    args = build_parser().parse_args(argv + ["--main-kv-events", "tcp://m:5557"])
-    with pytest.raises(SystemExit, match="one per --main"):
-        _kv_event_args(args.main_kv_events, mains, "")
-    assert _kv_event_args(build_parser().parse_args(argv).main_kv_events, mains, "") == {}
-
-
 # -- liveness: a dropped connection ---------------------------------------------------------------------
 def test_a_dropped_connection_is_stale_until_the_next_batch_shows_nothing_was_lost():
     f = KvEventFeed(ExactCacheView(), can_replay=False)
@@ -376,47 +273,3 @@ def test_a_dropped_connection_with_replay_asks_from_the_last_batch_and_a_continu
     assert not f.view.exact and f.resync_from == 0
     f.on_replay(0, [(0, payload(chain([5, 6, 7]))), (1, payload(removed([102])))])
     assert f.view.exact and f.view.match([5, 6, 7]) == 2 and f.last_seq == 1
-
-
-def test_the_subscriber_marks_its_view_stale_when_the_publisher_goes_away_and_exact_when_it_continues():
-    import zmq
-
-    port = _free_port()
-    ctx = zmq.Context()
-
-    def publisher():
-        pub = ctx.socket(zmq.PUB)
-        pub.setsockopt(zmq.LINGER, 0)
-        pub.bind(f"tcp://127.0.0.1:{port}")
-        return pub
-
-    async def until(cond, what, pub=None, frames=None):
-        for _ in range(500):
-            if cond():
-                return
-            if pub is not None:  # a PUB drops what it sends before the subscription arrived: resend
-                pub.send_multipart(frames)
-            await asyncio.sleep(0.02)
-        raise AssertionError(f"subscriber never saw {what}")
-
-    async def scenario():
-        view = ExactCacheView(name="md")
-        sub = KvEventSubscriber(KvEventSource(f"tcp://127.0.0.1:{port}"), view)
-        pub = publisher()
-        sub.start()
-        try:
-            await until(lambda: view.exact, "batch 0", pub, msg(0, chain([5, 6, 7])))
-            pub.close(0)  # MD's publisher goes away: the subscriber's connection drops
-            await until(lambda: not view.exact, "the disconnection")
-            pub = publisher()
-            await until(lambda: view.exact and view.match([5, 6, 7]) == 2, "batch 1", pub, msg(1, removed([102])))
-            return sub.feed.stats
-        finally:
-            await sub.close()
-            pub.close(0)
-
-    try:
-        stats = asyncio.run(scenario())
-    finally:
-        ctx.term()
-    assert stats.disconnects >= 1 and stats.gaps == 0
