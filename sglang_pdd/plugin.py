@@ -65,7 +65,7 @@ HOOKS: tuple[Hook, ...] = (
     Hook(f"{_SRT}.disaggregation.mooncake.conn.MooncakeKVManager.add_transfer_request",
          "prefill:around_add_transfer_request", "AROUND"),
     Hook(f"{_SRT}.disaggregation.mooncake.conn.MooncakeKVManager.update_status",
-         "idle:around_update_status", "AROUND"),  # wakes an idle scheduler; P's refusals (prefill.py)
+         "idle:around_update_status", "AROUND"),  # wakes an idle scheduler; P's refusals (process_state.fanout)
     Hook(f"{_SRT}.managers.scheduler_components.internal_state.SchedulerInternalStateController"
          ".get_internal_state", "prefill:after_get_internal_state", "AFTER"),
     # The packed WAN path (--pdd-packed-wan): MD offers landing regions, P packs into them, MD unpacks
