@@ -279,6 +279,20 @@ def run_plan(plan: HandoffPlan) -> None:
         kern.handoff_attn_reduce_kernel[plan.reduce_grid](*plan.reduce_args, **plan.reduce_meta)
 
 
+def _checked_inputs(q, k_buffer, v_buffer, req_to_token, req_pool_indices, prefix_lens, extend_lens, sm_scale,
+                    page_size, out, prefix_lens_cpu, extend_lens_cpu,
+                    validate_indices) -> tuple[torch.Tensor, list[int], list[int], float]:
+    """The prologue of both entry points: `out` (allocated if None), host lengths, checks, the scale."""
+    if out is None:
+        out = torch.empty((q.shape[0], q.shape[1], v_buffer.shape[-1]), dtype=q.dtype, device=q.device)
+    prefix_cpu = host_ints("prefix_lens_cpu", prefix_lens_cpu, prefix_lens)
+    extend_cpu = host_ints("extend_lens_cpu", extend_lens_cpu, extend_lens)
+    check_handoff_inputs(q, k_buffer, v_buffer, out, req_to_token, req_pool_indices, prefix_lens, extend_lens,
+                         prefix_cpu, extend_cpu, page_size, validate_indices)
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    return out, prefix_cpu, extend_cpu, scale
+
+
 def prepare_handoff_attention(
     q: torch.Tensor,
     k_buffer: torch.Tensor,
@@ -301,13 +315,9 @@ def prepare_handoff_attention(
     Per layer, `run_plan(rebind_plan(plan, q, k_buffer, v_buffer, out))` then costs two launches and a
     tuple rebuild instead of the checks and the plan.
     """
-    if out is None:
-        out = torch.empty((q.shape[0], q.shape[1], v_buffer.shape[-1]), dtype=q.dtype, device=q.device)
-    prefix_cpu = host_ints("prefix_lens_cpu", prefix_lens_cpu, prefix_lens)
-    extend_cpu = host_ints("extend_lens_cpu", extend_lens_cpu, extend_lens)
-    check_handoff_inputs(q, k_buffer, v_buffer, out, req_to_token, req_pool_indices, prefix_lens, extend_lens,
-                         prefix_cpu, extend_cpu, page_size, validate_indices)
-    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    out, prefix_cpu, extend_cpu, scale = _checked_inputs(
+        q, k_buffer, v_buffer, req_to_token, req_pool_indices, prefix_lens, extend_lens, sm_scale, page_size, out,
+        prefix_lens_cpu, extend_lens_cpu, validate_indices)
     return plan_handoff_attention(q, k_buffer, v_buffer, out, req_to_token, req_pool_indices, prefix_lens,
                                   extend_lens, prefix_cpu, extend_cpu, scale, page_size,
                                   config or HandoffAttentionConfig())
@@ -337,13 +347,9 @@ def handoff_attention(
     spare a device sync; `validate_indices=False` skips the index-bound checks, which sync on CUDA.
     Returns `out` ([T, Hq, Dv], dtype of q).
     """
-    if out is None:
-        out = torch.empty((q.shape[0], q.shape[1], v_buffer.shape[-1]), dtype=q.dtype, device=q.device)
-    prefix_cpu = host_ints("prefix_lens_cpu", prefix_lens_cpu, prefix_lens)
-    extend_cpu = host_ints("extend_lens_cpu", extend_lens_cpu, extend_lens)
-    check_handoff_inputs(q, k_buffer, v_buffer, out, req_to_token, req_pool_indices, prefix_lens, extend_lens,
-                         prefix_cpu, extend_cpu, page_size, validate_indices)
-    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    out, prefix_cpu, extend_cpu, scale = _checked_inputs(
+        q, k_buffer, v_buffer, req_to_token, req_pool_indices, prefix_lens, extend_lens, sm_scale, page_size, out,
+        prefix_lens_cpu, extend_lens_cpu, validate_indices)
     if resolve_backend(backend, q.device) == "torch":
         rows = [int(r) for r in req_pool_indices.tolist()]
         return handoff_attention_ref(q, k_buffer, v_buffer, out, req_to_token, rows, prefix_cpu, extend_cpu, scale)

@@ -19,6 +19,7 @@ only turns requests that would crash upstream sglang into clear 400 errors.
 
 from __future__ import annotations
 
+import functools
 import logging
 import pkgutil
 from dataclasses import dataclass
@@ -36,15 +37,20 @@ class Hook:
     target: str
     body: str  # "module:function" under sglang_pdd.hooks, imported only when registering
     kind: str  # HookType name: BEFORE | AFTER | AROUND | REPLACE
+    plugin_check: bool = False  # the body is passed `require_hooks_applied` (a hook never imports the plugin)
 
     def resolve_body(self) -> Callable:
         module, _, fn = self.body.partition(":")
-        return getattr(__import__(f"sglang_pdd.hooks.{module}", fromlist=[fn]), fn)
+        body = getattr(__import__(f"sglang_pdd.hooks.{module}", fromlist=[fn]), fn)
+        if self.plugin_check:
+            return functools.partial(body, require_hooks_applied=require_hooks_applied)
+        return body
 
 
 HOOKS: tuple[Hook, ...] = (
     Hook(f"{_SRT}.server_args.ServerArgs.add_cli_args", "server_args:after_add_cli_args", "AFTER"),
-    Hook(f"{_SRT}.server_args.ServerArgs.from_cli_args", "server_args:after_from_cli_args", "AFTER"),
+    Hook(f"{_SRT}.server_args.ServerArgs.from_cli_args", "server_args:after_from_cli_args", "AFTER",
+         plugin_check=True),
     Hook(f"{_SRT}.managers.tokenizer_manager.TokenizerManager._validate_one_request",
          "tokenizer:before_validate_one_request", "BEFORE"),
     Hook(f"{_SRT}.distributed.device_communicators.mooncake_transfer_engine.MooncakeTransferEngine"
@@ -59,7 +65,7 @@ HOOKS: tuple[Hook, ...] = (
     Hook(f"{_SRT}.disaggregation.mooncake.conn.MooncakeKVManager.add_transfer_request",
          "prefill:around_add_transfer_request", "AROUND"),
     Hook(f"{_SRT}.disaggregation.mooncake.conn.MooncakeKVManager.update_status",
-         "idle:around_update_status", "AROUND"),  # wakes an idle scheduler; P's refusals (prefill.py)
+         "idle:around_update_status", "AROUND"),  # wakes an idle scheduler; P's refusals (process_state.fanout)
     Hook(f"{_SRT}.managers.scheduler_components.internal_state.SchedulerInternalStateController"
          ".get_internal_state", "prefill:after_get_internal_state", "AFTER"),
     # The packed WAN path (--pdd-packed-wan): MD offers landing regions, P packs into them, MD unpacks

@@ -83,7 +83,7 @@ class KvPool:
     """One side's KV pool and staging buffer, registered with a Mooncake TCP engine on `host`."""
 
     def __init__(self, host: str, setup: Setup, fill: bool):
-        from sglang_pdd.kernels.bench_wan_pack import _engine, _register
+        from sglang_pdd.bench.mooncake_tcp import register, tcp_engine
         from sglang_pdd.kernels.kv_pack_layout import PackLayout
 
         shape = (2 * setup.layers, setup.pool_slots, setup.kv_heads, setup.head_dim)
@@ -93,9 +93,9 @@ class KvPool:
         self.k, self.v = bufs[: setup.layers], bufs[setup.layers :]
         self.nbytes_packed = PackLayout.for_buffers(self.k, self.v, setup.tokens, False).nbytes
         self.staging = torch.zeros(self.nbytes_packed + 4096, dtype=torch.uint8)
-        self.engine = _engine(host)
-        _register(self.engine, self.backing)
-        _register(self.engine, self.staging)
+        self.engine = tcp_engine(host)
+        register(self.engine, self.backing)
+        register(self.engine, self.staging)
         self.session = f"{host}:{self.engine.get_rpc_port()}"
 
     def describe(self) -> dict[str, Any]:
@@ -190,7 +190,7 @@ def _ship(path: str, pool: KvPool, peer: dict[str, Any], setup: Setup, src_slots
 
 
 def _write_batches(engine: Any, session: str, srcs: list[int], dsts: list[int], lens: list[int]) -> int:
-    from sglang_pdd.kernels.bench_wan_pack import MAX_BATCH_SLICES
+    from sglang_pdd.bench.mooncake_tcp import MAX_BATCH_SLICES
 
     for i in range(0, len(lens), MAX_BATCH_SLICES):
         rc = engine.batch_transfer_sync_write(session, srcs[i : i + MAX_BATCH_SLICES], dsts[i : i + MAX_BATCH_SLICES],

@@ -10,7 +10,8 @@ import zmq
 
 from sglang_pdd import idle_wait
 from sglang_pdd.config import PddConfig
-from sglang_pdd.hooks import prefill
+from sglang_pdd.process_state import fanout
+from sglang_pdd.transfer.mooncake_fanout import REFUSED_REASON, refuse_room
 
 _UNSET = object()
 
@@ -44,8 +45,10 @@ def around_on_idle(original, scheduler, *a, **kw):
 
 def around_update_status(original, manager, room, status, *a, **kw):
     """A transfer or bootstrap changed state (often from one of Mooncake's threads): wake the idle
-    scheduler. Also P's refusal of late registrations (hooks/prefill.py), on the same target."""
+    scheduler. Also P's refusal of late registrations (process_state.fanout), on the same target."""
     try:
-        return prefill.around_update_status(original, manager, room, status, *a, **kw)
+        if fanout.refuses_registration(manager, room, status):
+            return refuse_room(manager, room, REFUSED_REASON)
+        return original(manager, room, status, *a, **kw)
     finally:
         idle_wait.wake()

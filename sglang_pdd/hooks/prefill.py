@@ -1,40 +1,25 @@
 """Prefill (P) hooks: the fan-out sender, its main lanes, and P's pool state for leak checks.
 
 Active with `--pdd-role prefill` only; on any other server every body calls straight through.
-The logic lives in sglang_pdd.transfer (fanout, lanes, mooncake_fanout, pool_state).
+The logic lives in sglang_pdd.transfer (fanout, lanes, mooncake_fanout, pool_state), the fan-out
+registry, lanes and builder in sglang_pdd.process_state.fanout; P's refusal of late registrations is
+hooks/idle.py's `around_update_status`.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 from http import HTTPStatus
 
-from sglang_pdd.config import PddConfig
-from sglang_pdd.hooks.transfer import LEDGER
-from sglang_pdd.roles import Role
+from sglang_pdd.process_state import fanout
 from sglang_pdd.transfer import pool_state
-from sglang_pdd.transfer.lanes import MAIN_PATH, RELAY_PATH, FanoutRegistry, MainLanes
-from sglang_pdd.transfer.fanout import Poll
-from sglang_pdd.transfer.mooncake_fanout import REFUSED_REASON, FanoutBuilder, FanoutParamsError, refuse_room
+from sglang_pdd.transfer.mooncake_fanout import FanoutParamsError, refuse_room
 
 logger = logging.getLogger(__name__)
 
-REGISTRY = FanoutRegistry()
-LANES = MainLanes(REGISTRY, thread_context=lambda: LEDGER.path(MAIN_PATH),
-                  on_relay_sessions=lambda sessions: LEDGER.tag_sessions(sessions, RELAY_PATH))
-
-
-@functools.lru_cache(maxsize=1)
-def _builder() -> FanoutBuilder | None:
-    cfg = PddConfig.from_env()
-    if cfg.role is not Role.PREFILL:
-        return None
-    return FanoutBuilder(REGISTRY, cfg.main_bootstrap_timeout)
-
 
 def around_create_sender(original, queue, req, num_kv_heads):
-    builder = _builder()
+    builder = fanout.builder()
     if builder is None:
         return original(queue, req, num_kv_heads)
     try:
@@ -44,7 +29,7 @@ def around_create_sender(original, queue, req, num_kv_heads):
     except FanoutParamsError as e:
         _reject(queue, req, str(e))
         # The decodes sent this request are told at once, whether they registered already or later.
-        REGISTRY.refuse(req.bootstrap_room)
+        fanout.REGISTRY.refuse(req.bootstrap_room)
         refuse_room(queue.kv_manager, req.bootstrap_room, f"the prefill rejected the request: {e}")
         return False
     ok = original(queue, req, num_kv_heads)
@@ -53,7 +38,7 @@ def around_create_sender(original, queue, req, num_kv_heads):
             builder.attach(queue, req, main_room)
         except Exception as e:  # the relay's sender stands; only MD's leg of this request is lost
             logger.exception("room %s: no fan-out to main room %s", req.bootstrap_room, main_room)
-            REGISTRY.refuse(main_room)
+            fanout.REGISTRY.refuse(main_room)
             refuse_room(queue.kv_manager, main_room, f"the prefill could not fan this request out: {e}")
     return ok
 
@@ -65,20 +50,13 @@ def _rooms_in_flight(queue, req) -> set:
 
 
 def around_add_transfer_request(original, manager, room, *args, **kwargs):
-    if _builder() is None:
+    if fanout.builder() is None:
         return original(manager, room, *args, **kwargs)
-    return LANES.route(original, manager, room, *args, **kwargs)
-
-
-def around_update_status(original, manager, room, status, *args, **kwargs):
-    if (status == Poll.WaitingForInput and _builder() is not None and room not in manager.request_status
-            and REGISTRY.refuses(room)):
-        return refuse_room(manager, room, REFUSED_REASON)
-    return original(manager, room, status, *args, **kwargs)
+    return fanout.LANES.route(original, manager, room, *args, **kwargs)
 
 
 def after_get_internal_state(result, controller, *args, **kwargs):
-    if _builder() is not None and isinstance(getattr(result, "internal_state", None), dict):
+    if fanout.builder() is not None and isinstance(getattr(result, "internal_state", None), dict):
         result.internal_state[pool_state.KEY] = pool_state.prefill_pool_state(controller.scheduler)
     return result
 

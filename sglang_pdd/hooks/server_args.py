@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from sglang_pdd import __version__, config, supported
 
@@ -13,9 +14,8 @@ def after_add_cli_args(_result, parser) -> None:
     config.add_cli_args(parser)
 
 
-def after_from_cli_args(server_args, _cls, args) -> None:
-    from sglang_pdd import plugin
-
+def after_from_cli_args(server_args, _cls, args, *, require_hooks_applied: Callable[[], None]) -> None:
+    """The plugin passes `require_hooks_applied` (`Hook.plugin_check`): a hook never imports the plugin."""
     try:
         cfg = config.from_cli_args(
             args,
@@ -28,7 +28,7 @@ def after_from_cli_args(server_args, _cls, args) -> None:
     if problems:
         raise SystemExit("\n".join(f"sglang-pdd: error: {p}" for p in problems))
     if cfg.active:
-        plugin.require_hooks_applied()
+        require_hooks_applied()
     server_args._pdd_config = cfg.to_json()  # bookkeeping: survives pickling to the schedulers
     cfg.export_env()
     logger.info("sglang-pdd %s: %s, peers: none configured", __version__, cfg.describe())

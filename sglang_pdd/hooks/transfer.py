@@ -13,13 +13,10 @@ import time
 
 from sglang_pdd import config, metrics
 from sglang_pdd.config import PddConfig
-from sglang_pdd.hooks import packed_wan
-from sglang_pdd.transfer.accounting import TransferLedger
+from sglang_pdd.process_state import packed_wan
+from sglang_pdd.process_state.transfer_ledger import LEDGER
 from sglang_pdd.transfer import write_wait
 from sglang_pdd.transfer.lanes import MAIN_PATH
-
-LEDGER = TransferLedger(on_record=metrics.record_transfer)
-
 
 _KNOBS_SET = bool(os.environ.get(config.ENV_TEST_KNOBS))
 _UNSET = object()
@@ -52,7 +49,7 @@ def around_batch_transfer_sync(original, engine, session_id, buffers, peer_addre
 
 def around_send_kvcache(original, manager, session_id, prefill_pages, dst_ptrs, dst_pages, *a, **kw):
     """One chunk's KV to one decode: packed into MD's landing region when it offered one (see
-    hooks/packed_wan.py), else page by page as sglang does."""
+    process_state/packed_wan.py), else page by page as sglang does."""
     if _KNOBS_SET and LEDGER.current_path() == MAIN_PATH:
         time.sleep(config.read_test_knobs().main_write_delay)
     with LEDGER.kind("kv"):

@@ -62,3 +62,26 @@ def test_load_is_idempotent_and_hooks_apply(monkeypatch):
                 delattr(obj, attr)
             else:
                 setattr(obj, attr, orig)
+
+
+def test_the_server_args_hook_is_passed_the_plugins_check():
+    (h,) = [h for h in plugin.HOOKS if h.body == "server_args:after_from_cli_args"]
+    assert h.resolve_body().keywords == {"require_hooks_applied": plugin.require_hooks_applied}
+
+
+def test_no_hook_module_imports_another_hook_module_or_the_plugin():
+    import ast
+    import pathlib
+
+    import sglang_pdd.hooks
+
+    for path in pathlib.Path(sglang_pdd.hooks.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            bad = [n for n in names if n.startswith("sglang_pdd.hooks") or n in ("sglang_pdd.plugin",)]
+            assert not bad, f"{path.name} imports {bad}"

@@ -29,9 +29,6 @@ def parser():
 
 @pytest.fixture(autouse=True)
 def secret(monkeypatch):
-    from sglang_pdd import plugin
-
-    monkeypatch.setattr(plugin, "require_hooks_applied", lambda: None)  # no sglang launcher here
     monkeypatch.setenv(config.ENV_SECRET, "s")
     monkeypatch.delenv(config.ENV_CONFIG, raising=False)
 
@@ -40,7 +37,8 @@ def start(parser, *argv) -> str:
     """What the server-args hook says about this command line ('' when it starts)."""
     ns = parser.parse_args(["--model-path", "m", *argv])
     try:
-        server_args_hook.after_from_cli_args(argparse.Namespace(), None, ns)
+        # no sglang launcher here: the plugin's check that the hooks were applied is a no-op
+        server_args_hook.after_from_cli_args(argparse.Namespace(), None, ns, require_hooks_applied=lambda: None)
     except SystemExit as e:
         return str(e)
     finally:

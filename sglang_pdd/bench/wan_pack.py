@@ -1,7 +1,7 @@
 """Benchmark: a prompt's missed KV over the emulated WAN, page by page vs packed, with Mooncake TCP.
 
-    python -m sglang_pdd.kernels.bench_wan_pack                       # 4K tokens, 100 Mbit/s, 20 ms one way
-    python -m sglang_pdd.kernels.bench_wan_pack --tokens 4096 --rate-mbit 100 --delay-ms 20 --json out.json
+    python -m sglang_pdd.bench.wan_pack                       # 4K tokens, 100 Mbit/s, 20 ms one way
+    python -m sglang_pdd.bench.wan_pack --tokens 4096 --rate-mbit 100 --delay-ms 20 --json out.json
 
 Needs root, `sglang_pdd.testbed` and `mooncake-transfer-engine(-non-cuda)`. The testbed's two namespaces
 stand for the clusters: a Mooncake target in B holds MD's KV pool and a staging buffer; an initiator in A
@@ -34,9 +34,10 @@ from typing import Any
 
 import torch
 
+from sglang_pdd.bench.mooncake_tcp import MAX_BATCH_SLICES, register, tcp_engine
+
 logger = logging.getLogger(__name__)
 
-MAX_BATCH_SLICES = 1024
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -67,29 +68,13 @@ class Geometry:
         return self.pool_pages * self.page_bytes
 
 
-def _engine(host: str) -> Any:
-    from mooncake.engine import TransferEngine
-
-    engine = TransferEngine()
-    rc = engine.initialize(host, "P2PHANDSHAKE", "tcp", "")
-    if rc != 0:
-        raise RuntimeError(f"TransferEngine.initialize({host}) returned {rc}")
-    return engine
-
-
-def _register(engine: Any, t: torch.Tensor) -> None:
-    rc = engine.register_memory(t.data_ptr(), t.numel() * t.element_size())
-    if rc != 0:
-        raise RuntimeError(f"register_memory returned {rc}")
-
-
 def run_target(host: str, geo: Geometry) -> None:
     """MD's side: a pool (2 x layers buffers) and a staging buffer, registered; then wait for "quit"."""
-    engine = _engine(host)
+    engine = tcp_engine(host)
     pool = torch.zeros(2 * geo.layers * geo.buffer_bytes(), dtype=torch.uint8)
     staging = torch.zeros(2 * geo.layers * geo.pages * geo.page_bytes + 4096, dtype=torch.uint8)
-    _register(engine, pool)
-    _register(engine, staging)
+    register(engine, pool)
+    register(engine, staging)
     print(json.dumps({"session": f"{host}:{engine.get_rpc_port()}", "pool": pool.data_ptr(),
                       "staging": staging.data_ptr()}), flush=True)
     for line in sys.stdin:
@@ -108,8 +93,8 @@ def _timed_write(engine: Any, session: str, srcs: list[int], dsts: list[int], le
 
 def run_initiator(host: str, peer: dict[str, Any], geo: Geometry, chunks: int, seed: int) -> dict[str, Any]:
     """P's side: build a pool, send the request's KV paged, packed and packed-fp8; return the timings."""
-    from .kv_pack import pack_kv, unpack_kv
-    from .kv_pack_layout import PackLayout
+    from sglang_pdd.kernels.kv_pack import pack_kv, unpack_kv
+    from sglang_pdd.kernels.kv_pack_layout import PackLayout
 
     gen = torch.Generator().manual_seed(seed)
     dtype = DTYPES[geo.dtype]
@@ -121,10 +106,10 @@ def run_initiator(host: str, peer: dict[str, Any], geo: Geometry, chunks: int, s
     dst_pages = torch.randperm(geo.pool_pages, generator=gen)[: geo.pages]
     slots = (src_pages[:, None] * geo.page_size + torch.arange(geo.page_size)[None, :]).reshape(-1)[: geo.tokens]
 
-    engine = _engine(host)
+    engine = tcp_engine(host)
     staging = torch.zeros(2 * geo.layers * geo.pages * geo.page_bytes + 4096, dtype=torch.uint8)
-    _register(engine, backing)
-    _register(engine, staging)
+    register(engine, backing)
+    register(engine, staging)
     session = peer["session"]
     _timed_write(engine, session, [staging.data_ptr()], [peer["staging"]], [4096])  # connect
 
@@ -139,8 +124,7 @@ def run_initiator(host: str, peer: dict[str, Any], geo: Geometry, chunks: int, s
             srcs.append(src_base + sp * geo.page_bytes)
             dsts.append(dst_base + dp * geo.page_bytes)
             lens.append(geo.page_bytes)
-    # One batch of 2048 slices failed here (1032 went through), so the slices go as consecutive batches of
-    # at most 1024 (sglang: bounded index batches, `max_transfer_batch_indices`).
+    # consecutive batches of at most MAX_BATCH_SLICES (see mooncake_tcp)
     seconds = 0.0
     for i in range(0, len(lens), MAX_BATCH_SLICES):
         seconds += _timed_write(engine, session, srcs[i : i + MAX_BATCH_SLICES], dsts[i : i + MAX_BATCH_SLICES],
@@ -171,7 +155,7 @@ def _geometry(args: argparse.Namespace) -> Geometry:
 
 
 def _role_argv(args: argparse.Namespace, role: str, extra: list[str]) -> list[str]:
-    return [sys.executable, "-m", "sglang_pdd.kernels.bench_wan_pack", "--role", role,
+    return [sys.executable, "-m", "sglang_pdd.bench.wan_pack", "--role", role,
             "--layers", str(args.layers), "--kv-heads", str(args.kv_heads), "--head-dim", str(args.head_dim),
             "--dtype", args.dtype, "--tokens", str(args.tokens), "--page-size", str(args.page_size),
             "--chunks", str(args.chunks), *extra]

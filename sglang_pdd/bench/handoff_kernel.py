@@ -1,8 +1,8 @@
 """GPU benchmark: the handoff attention kernel against sglang's extend kernels (and flashinfer if installed).
 
-    python -m sglang_pdd.kernels.bench_handoff                 # H200 table: k x prefix, bf16, one layer
-    python -m sglang_pdd.kernels.bench_handoff --json out.json --page-size 16 --batch 4
-    python -m sglang_pdd.kernels.bench_handoff --smoke         # CPU, interpreter, tiny shapes: checks the script
+    python -m sglang_pdd.bench.handoff_kernel                 # H200 table: k x prefix, bf16, one layer
+    python -m sglang_pdd.bench.handoff_kernel --json out.json --page-size 16 --batch 4
+    python -m sglang_pdd.bench.handoff_kernel --smoke         # CPU, interpreter, tiny shapes: checks the script
 
 One attention layer of the handoff EXTEND: `batch` requests, each with k new tokens over a prefix of
 `prefix` cached tokens, Llama-3-8B geometry by default (32 query heads, 8 KV heads, head dim 128), KV in
@@ -93,7 +93,7 @@ class Problem:
 
 
 def _pdd(p: Problem, out: torch.Tensor) -> tuple[Callable[[], Any], Callable[[], Any]]:
-    from .handoff_attention import handoff_attention, prepare_handoff_attention, rebind_plan, run_plan
+    from sglang_pdd.kernels.handoff_attention import handoff_attention, prepare_handoff_attention, rebind_plan, run_plan
 
     def call() -> Any:
         return handoff_attention(p.q, p.k_buffer, p.v_buffer, p.req_to_token, p.req_pool_indices, p.prefix_lens,

@@ -1,7 +1,7 @@
 """Measure what the opt-in fp8 KV packing does to model output, before anyone enables it.
 
-    python -m sglang_pdd.kernels.bench_fp8_effect                         # synthetic + tiny model if built
-    python -m sglang_pdd.kernels.bench_fp8_effect --model DIR --prompts 8 --prompt-len 2000 --steps 32
+    python -m sglang_pdd.bench.fp8_effect                         # synthetic + tiny model if built
+    python -m sglang_pdd.bench.fp8_effect --model DIR --prompts 8 --prompt-len 2000 --steps 32
 
 fp8 packing only touches the KV that crosses the WAN (MD's missed prefix); the handoff tokens and
 everything MD decodes afterwards are computed locally at full precision. Both parts mirror that:
@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from .handoff_attention_ref import handoff_attention_ref
-from .kv_pack_ref import dequantize_fp8_blocks, quantize_fp8_blocks
+from sglang_pdd.kernels.handoff_attention_ref import handoff_attention_ref
+from sglang_pdd.kernels.kv_pack_ref import dequantize_fp8_blocks, quantize_fp8_blocks
 
 logger = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """Compile every kernel variant that matters on an H200 (sm_90a) without a GPU and report its resources.
 
-    python -m sglang_pdd.kernels.resource_report            # table: shared memory, registers, spills
-    python -m sglang_pdd.kernels.resource_report --quick    # the subset the CI test compiles
-    python -m sglang_pdd.kernels.resource_report --json     # one JSON object per variant, for tests
+    python -m sglang_pdd.bench.resource_report            # table: shared memory, registers, spills
+    python -m sglang_pdd.bench.resource_report --quick    # the subset the CI test compiles
+    python -m sglang_pdd.bench.resource_report --json     # one JSON object per variant, for tests
 
 Variants are the ones the launchers pick for the handoff shapes (k in {1, 8, 64, 256}, GQA 1/4/8, head dim
 64/128, page size 1 and 16, bf16 and fp16, one or many partitions) and the pack/unpack kernels of a bf16
@@ -58,8 +58,8 @@ def attn_variants(quick: bool) -> list[AttnVariant]:
 
 
 def _compile_attention(v: AttnVariant) -> list[Any]:
-    from .compile_only import compile_only
-    from .handoff_attention import HandoffAttentionConfig, plan_handoff_attention, run_plan
+    from sglang_pdd.bench.compile_only import compile_only
+    from sglang_pdd.kernels.handoff_attention import HandoffAttentionConfig, plan_handoff_attention, run_plan
 
     kv_heads = 8 if v.group <= 4 else 4
     hq = kv_heads * v.group
@@ -79,9 +79,9 @@ def _compile_attention(v: AttnVariant) -> list[Any]:
 
 
 def _compile_pack() -> list[Any]:
-    from .compile_only import compile_only
-    from .kv_pack import launch_pack_kernels
-    from .kv_pack_layout import PackLayout
+    from sglang_pdd.bench.compile_only import compile_only
+    from sglang_pdd.kernels.kv_pack import launch_pack_kernels
+    from sglang_pdd.kernels.kv_pack_layout import PackLayout
 
     result = []
     for heads, dim in ((8, 128), (8, 64)):
@@ -99,7 +99,7 @@ def _compile_pack() -> list[Any]:
 
 
 def collect(quick: bool) -> list[dict[str, Any]]:
-    from .compile_only import H200_MAX_SHARED_BYTES, resources
+    from sglang_pdd.bench.compile_only import H200_MAX_SHARED_BYTES, resources
 
     rows, seen = [], set()
     pairs = [p for v in attn_variants(quick) for p in _compile_attention(v)] + _compile_pack()

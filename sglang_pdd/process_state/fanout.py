@@ -1,0 +1,31 @@
+"""P's fan-out state: the registry of fan-outs, their main lanes and the builder (prefill role only)."""
+
+from __future__ import annotations
+
+import functools
+
+from sglang_pdd.config import PddConfig
+from sglang_pdd.process_state.transfer_ledger import LEDGER
+from sglang_pdd.roles import Role
+from sglang_pdd.transfer.fanout import Poll
+from sglang_pdd.transfer.lanes import MAIN_PATH, RELAY_PATH, FanoutRegistry, MainLanes
+from sglang_pdd.transfer.mooncake_fanout import FanoutBuilder
+
+REGISTRY = FanoutRegistry()
+LANES = MainLanes(REGISTRY, thread_context=lambda: LEDGER.path(MAIN_PATH),
+                  on_relay_sessions=lambda sessions: LEDGER.tag_sessions(sessions, RELAY_PATH))
+
+
+@functools.lru_cache(maxsize=1)
+def builder() -> FanoutBuilder | None:
+    """The fan-out builder on a prefill server, else None (every prefill hook then calls through)."""
+    cfg = PddConfig.from_env()
+    if cfg.role is not Role.PREFILL:
+        return None
+    return FanoutBuilder(REGISTRY, cfg.main_bootstrap_timeout)
+
+
+def refuses_registration(manager, room: int, status) -> bool:
+    """Whether P refuses a decode's late registration of `room` (its fan-out is over or was rejected)."""
+    return (status == Poll.WaitingForInput and builder() is not None and room not in manager.request_status
+            and REGISTRY.refuses(room))
