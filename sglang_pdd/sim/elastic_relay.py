@@ -34,6 +34,7 @@ class ElasticCluster(Cluster):
         self.fallbacks = 0  # relayed routes served P->MD because the relay was not up
         self.off_p_s = 0.0  # time the host spent out of the P role (closed intervals)
         self._left_p_at: Optional[float] = None
+        self.spells: list[list] = []  # [left P at, back in P at or None]
         self._idle_since = 0.0
 
     # ----- routing hooks -----
@@ -55,6 +56,7 @@ class ElasticCluster(Cluster):
         self.role = "drain"
         self.switches += 1
         self._left_p_at = self.loop.now
+        self.spells.append([self.loop.now, None])
         self._poll_drain()
 
     def _poll_drain(self) -> None:
@@ -88,6 +90,7 @@ class ElasticCluster(Cluster):
     def _p_up(self) -> None:
         self.role = "P"
         self.off_p_s += self.loop.now - self._left_p_at
+        self.spells[-1][1] = self.loop.now
         self._left_p_at = None
         self.P[self.host]._kick()
 

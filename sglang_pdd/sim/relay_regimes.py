@@ -59,9 +59,13 @@ def _notes(spec: SystemSpec, s: PaperSetting, rate: float) -> str:
     res = run_workload(spec, s.model, replace(s.workload, request_rate=rate), s.sla, eff=s.eff)
     c, m = res.cluster, res.summary
     relayed = 1.0 - m.pipelines.get("P->MD", 0.0)
-    if hasattr(c, "switches"):
-        return (f"relayed {relayed:.1%}, host out of P {c.off_p_share(s.workload.duration_s):.0%} "
-                f"of the window, {c.switches} switches, {c.fallbacks} fallbacks")
+    if hasattr(c, "spells"):
+        spells = ", ".join(f"{a:.0f}-{'end' if b is None else f'{b:.0f}'} s" for a, b in c.spells)
+        wanted = sorted(r.arrival_s for r in res.records
+                        if r.pipeline != "P->MD" or "relay role not up" in r.route_reason)
+        gap = max((b - a for a, b in zip(wanted, wanted[1:])), default=0.0)
+        return (f"relayed {relayed:.1%}, host out of the P role {spells} ({c.fallbacks} "
+                f"fallbacks to P->MD); longest gap between relayed arrivals {gap:.1f} s")
     if spec.name == "pdd-colocated":
         slowed = sum(p.cost.slowed_steps for p in c.P) / max(1, sum(p.steps for p in c.P))
         return f"relayed {relayed:.1%}, {slowed:.0%} of prefill steps slowed"
