@@ -136,3 +136,18 @@ def test_regimes_and_systems():
     assert names == ["xdc-pd-drc", "pdd-bw", "pdd-elastic", "pdd-colocated"]
     assert {r.name for r in REGIMES} >= {"paper 40G", "congested 25G"}
     assert [r.gbps for r in REGIMES if "fluct" in r.name] == [40.0]
+
+
+def test_report_has_a_bcr_row_per_system_and_a_column_per_regime():
+    from types import SimpleNamespace as NS
+    from sglang_pdd.sim.relay_regimes import RegimeRow, relay_regimes_report
+    names = ("xdc-pd-drc", "pdd-bw", "pdd-elastic", "pdd-colocated")
+    prices = dict(zip(names, (72.0, 80.0, 72.0, 72.0)))
+    rows = [RegimeRow(rg, {n: NS(bcr=0.2 + 0.01 * i, goodput_rps=10.0 + i) for i, n in enumerate(names)},
+                      prices, {"pdd-elastic": "note"}) for rg in REGIMES]
+    lines = relay_regimes_report(rows).splitlines()
+    assert all(rg.name in lines[1] for rg in REGIMES)
+    assert lines[3].split()[:2] == ["xdc-pd-drc", "72.0"] and "(+0%)" in lines[3]
+    assert lines[4].startswith("pdd-bw") and "0.2100 (+5%) 11.0/s" in lines[4]
+    assert [ln.split()[0] for ln in lines[3:7]] == list(names)
+    assert sum("note" in ln for ln in lines) == len(REGIMES)
