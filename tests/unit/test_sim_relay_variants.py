@@ -143,8 +143,8 @@ def test_report_has_a_bcr_row_per_system_and_a_column_per_regime():
     from sglang_pdd.sim.relay_regimes import RegimeRow, relay_regimes_report
     names = ("xdc-pd-drc", "pdd-bw", "pdd-elastic", "pdd-colocated")
     prices = dict(zip(names, (72.0, 80.0, 72.0, 72.0)))
-    rows = [RegimeRow(rg, {n: NS(bcr=0.2 + 0.01 * i, goodput_rps=10.0 + i) for i, n in enumerate(names)},
-                      prices, {"pdd-elastic": "note"}) for rg in REGIMES]
+    res = {n: NS(bcr=0.2 + 0.01 * i, goodput_rps=10.0 + i) for i, n in enumerate(names)}
+    rows = [RegimeRow(rg, res, prices, {"pdd-elastic": "note"}) for rg in REGIMES]
     lines = relay_regimes_report(rows).splitlines()
     assert all(rg.name in lines[1] for rg in REGIMES)
     assert lines[3].split()[:2] == ["xdc-pd-drc", "72.0"] and "(+0%)" in lines[3]
