@@ -16,7 +16,7 @@ from sglang_pdd.sim.report import paper_report
 
 logger = logging.getLogger(__name__)
 
-SCENARIOS = ("paper", "bathtub", "oscillation", "wan-sweep", "trace")
+SCENARIOS = ("paper", "bathtub", "oscillation", "wan-sweep", "relay-variants", "trace")
 
 
 def _setting(args: argparse.Namespace) -> PaperSetting:
@@ -105,5 +105,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.plots:
             from sglang_pdd.sim.plots import plot_wan_sweep
             plot_wan_sweep(res, args.plots)
+    elif args.scenario == "relay-variants":
+        from sglang_pdd.sim.relay_regimes import relay_regimes_report, run_relay_regimes
+        print(relay_regimes_report(run_relay_regimes(s)))
     print(f"\n(total wall time {time.time() - t0:.1f} s)", file=sys.stderr)
     return 0

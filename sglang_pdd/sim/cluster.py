@@ -71,7 +71,7 @@ class Cluster(RelayFlow):
         self.R: list[DecodeInstance] = []
         self.r_batch = 0
         if spec.relay is not None and spec.arch is Arch.PDD:
-            rc = costs(spec.relay)
+            rc = self._relay_cost(model, spec.relay, eff)
             self.r_batch = decode_max_batch(rc, spec.relay, context_tokens, tpot_target_s)
             self.R = [DecodeInstance(lp, rc, f"R{i}", self.r_batch) for i in range(spec.relay.instances)]
         self.wan = WanLink(lp, spec.wan) if spec.wan is not None else None
@@ -170,6 +170,23 @@ class Cluster(RelayFlow):
         if self.closed_loop:
             self._release_next(st.w.session_id, t)
 
+    # ----- hooks (the relay variants of `elastic_relay` and `colocated_relay` override them) -----
+    def _relay_cost(self, model: ModelSpec, pool: PoolSpec, eff: Efficiency) -> CostModel:
+        return CostModel(model, InstanceSpec(pool.chip, pool.chips_per_instance, eff))
+
+    def _route(self, w: WorkloadRequest, md_hit: int) -> tuple[Pipeline, str]:
+        if self.policy is None:
+            return Pipeline.P_MD, "PD"
+        rld_usage = sum(r.occupancy for r in self.R) / len(self.R)
+        dec = self.policy.decide(RouteInputs(w.input_len, md_hit, w.max_output_tokens, rld_usage))
+        return dec.pipeline, dec.reason
+
+    def _pick_p(self) -> int:
+        return min(range(len(self.P)), key=lambda i: self.P[i].queued_tokens)
+
+    def _pick_rld(self, st: RequestState) -> int:
+        return min(range(len(self.R)), key=lambda i: self.R[i].load)
+
     # ----- arrival and prefill -----
     def _arrive(self, w: WorkloadRequest) -> None:
         if w.warmup:
@@ -178,11 +195,7 @@ class Cluster(RelayFlow):
             return
         d = self._md_of(w)
         md_hit = self.drc[d].hit(w.session_id, w.segments, w.input_len) if self.drc else 0
-        pipeline, reason = Pipeline.P_MD, "PD"
-        if self.policy is not None:
-            rld_usage = sum(r.occupancy for r in self.R) / len(self.R)
-            dec = self.policy.decide(RouteInputs(w.input_len, md_hit, w.max_output_tokens, rld_usage))
-            pipeline, reason = dec.pipeline, dec.reason
+        pipeline, reason = self._route(w, md_hit)
         rec = RequestRecord(w.request_id, w.session_id, w.turn, self.loop.now, w.input_len,
                             w.max_output_tokens, w.prefix_hit_len, md_hit, pipeline.value,
                             reason, w.odd)
@@ -190,7 +203,7 @@ class Cluster(RelayFlow):
         st = RequestState(w, rec)
         st.d = d
         self.states[w.request_id] = st
-        st.p = min(range(len(self.P)), key=lambda i: self.P[i].queued_tokens)
+        st.p = self._pick_p()
         st.job = PrefillJob(w.request_id, w.input_len, w.prefix_hit_len)
         self.P[st.p].submit(st.job)
 
@@ -202,7 +215,7 @@ class Cluster(RelayFlow):
             st.md = "waiting"
             self.D[st.d].admit(rid, st.w.input_len + st.w.max_output_tokens, self._d_admitted)
             return
-        st.r = min(range(len(self.R)), key=lambda i: self.R[i].load)
+        st.r = self._pick_rld(st)
         only = pipe == Pipeline.P_RLD.value
         st.pending_p = 1 if only else 2
         st.rld = "waiting"

@@ -37,7 +37,8 @@ def run(spec: SystemSpec, model: ModelSpec, reqs: Sequence[WorkloadRequest], sla
         window_s: float, drain_s: float = 300.0, eff: Efficiency = Efficiency(),
         context_tokens: Optional[int] = None, closed_loop: bool = True) -> RunResult:
     ctx = context_tokens or typical_context(reqs)
-    cluster = Cluster(spec, model, eff, context_tokens=ctx, tpot_target_s=sla.tpot_s * 0.8)
+    cls = getattr(spec, "cluster_class", Cluster)  # a relay variant's spec names its own
+    cluster = cls(spec, model, eff, context_tokens=ctx, tpot_target_s=sla.tpot_s * 0.8)
     records = cluster.run(reqs, until=window_s + drain_s, closed_loop=closed_loop)
     wan = cluster.wan.bytes_sent if cluster.wan is not None else 0.0
     s = summarize(spec.name, spec.chips_label(), spec.price_per_hour, records, window_s, sla, wan,
