@@ -18,10 +18,15 @@ must continue exactly where MD's KV ends (`start == have`). A non-final (catch-u
 recomputed by an EXTEND whose sampled token is dropped; `chunk_done` then asks for the rest with
 `Ready(have)`. The final tokens go through the one-shot path. `poll` turns channel messages and
 timeouts into `Abort` actions for the scheduler hook, which knows where the request sits.
+
+Besides its running `stats`, it reports each event as it happens to `record(event, value)`: "chunk"
+(tokens of a catch-up chunk recomputed), "handoff" (the mode the relay chose for a completed handoff),
+"unknown_message" (None: a message for a room it does not know).
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
 from dataclasses import dataclass, field
@@ -32,11 +37,25 @@ from sglang_pdd.protocol.request import RequestParams
 
 logger = logging.getLogger(__name__)
 
-ADMITTED, WAITING_TOKENS, READY = "admitted", "waiting_tokens", "ready"
-DRAINING = "draining"  # the relay finished the request; MD lets its KV land, keeps it, and ends it
-EXTENDING = "extending"  # a catch-up chunk is in this iteration's EXTEND batch
-HELD = (WAITING_TOKENS, READY, EXTENDING)
-STATES = (ADMITTED, DRAINING, *HELD)
+
+
+class HandoffState(enum.Enum):
+    """Where one relayed request is (see the diagram above); the value is its /metrics label."""
+
+    ADMITTED = "admitted"
+    DRAINING = "draining"  # the relay finished the request; MD lets its KV land, keeps it, and ends it
+    WAITING_TOKENS = "waiting_tokens"
+    READY = "ready"
+    EXTENDING = "extending"  # a catch-up chunk is in this iteration's EXTEND batch
+
+
+ADMITTED, DRAINING, WAITING_TOKENS, READY, EXTENDING = HandoffState
+HELD = (WAITING_TOKENS, READY, EXTENDING)  # the KV arrived: sglang's queues no longer see the request
+STATES = tuple(HandoffState)
+
+
+def _ignore(event: str, value: Any) -> None:
+    pass
 
 
 class Channel(Protocol):
@@ -50,7 +69,7 @@ class Pending:
     req: Any
     relay: str
     relay_room: int
-    state: str = ADMITTED
+    state: HandoffState = ADMITTED
     since: float = 0.0
     tokens: list[int] | None = None  # the tokens to recompute next, from index `have`
     logprobs: list[float] | None = None
@@ -88,8 +107,9 @@ class MainStats:
 class MainHandoff:
     def __init__(self, channel: Channel, timeout_s: float, now: Callable[[], float] = time.monotonic,
                  keep_kv_when_relay_finishes: bool = True, mode: str = "adaptive", chunk: int = 32, gap: int = 2,
-                 kv_timeout_s: float = 300.0):
+                 kv_timeout_s: float = 300.0, record: Callable[[str, Any], None] = _ignore):
         self.channel = channel
+        self.record = record
         self.mode, self.chunk, self.gap = mode, chunk, gap
         self.keep_kv = keep_kv_when_relay_finishes
         self.timeout_s = timeout_s
@@ -132,6 +152,7 @@ class MainHandoff:
         """A catch-up chunk's EXTEND ran: its KV is in MD's pool; ask for what follows."""
         self.stats.chunks += 1
         self.stats.chunk_tokens += len(p.tokens)
+        self.record("chunk", len(p.tokens))
         p.have += len(p.tokens)
         p.tokens = p.logprobs = None
         self._ask(p, md_batch)
@@ -152,6 +173,7 @@ class MainHandoff:
             p = self.pending.get((addr, msg.room))
             if p is None:
                 self.stats.unknown_messages += 1
+                self.record("unknown_message", None)
                 n = self.stats.unknown_messages
                 if n & (n - 1) == 0:  # the 1st, 2nd, 4th, 8th...: a flood cannot flood the log
                     logger.warning("token channel: %s for unknown or finished room %s from %s (%d so far)",
@@ -175,7 +197,7 @@ class MainHandoff:
             elif isinstance(msg, Reject):
                 aborts.append(self._fail(p, f"pdd: the relay rejected the handoff: {msg.reason}"))
             else:
-                aborts.append(self._fail(p, f"pdd: unexpected {type(msg).__name__} in state {p.state}"))
+                aborts.append(self._fail(p, f"pdd: unexpected {type(msg).__name__} in state {p.state.value}"))
         aborts += self._expire(self.now())
         return aborts
 
@@ -194,7 +216,7 @@ class MainHandoff:
                 aborts.append(self._fail(p, f"pdd: no room for the handoff EXTEND within {self.timeout_s:g}s"))
         return aborts
 
-    def counts(self) -> dict[str, int]:
+    def counts(self) -> dict[HandoffState, int]:
         """Entries by state (every state, zeros included)."""
         out = dict.fromkeys(STATES, 0)
         for p in self.pending.values():
@@ -233,6 +255,7 @@ class MainHandoff:
             self.stats.handoffs += 1
             self.stats.handoff_tokens += p.have + len(p.tokens)
             self.stats.modes[p.chosen] = self.stats.modes.get(p.chosen, 0) + 1
+            self.record("handoff", p.chosen)
             if solo(p.req):
                 break
         if out:
