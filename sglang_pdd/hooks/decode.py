@@ -11,6 +11,7 @@ from sglang_pdd.config import PddConfig
 from sglang_pdd.decode_role import DecodeRole
 from sglang_pdd.request_errors import end_queued
 from sglang_pdd.roles import Role
+from sglang_pdd.test_switches import for_process
 
 logger = logging.getLogger(__name__)
 
@@ -29,11 +30,11 @@ def runtime(scheduler) -> DecodeRole | None:
         if cfg.role is Role.RELAY:
             from sglang_pdd.relay.runtime import RelayRuntime
 
-            rt = RelayRuntime(scheduler, cfg, secret)
+            rt = RelayRuntime(scheduler, cfg, secret, for_process())
         else:
             from sglang_pdd.main.runtime import MainRuntime
 
-            rt = MainRuntime(scheduler, cfg, secret)
+            rt = MainRuntime(scheduler, cfg, secret, for_process())
         rt.start()
     scheduler._pdd_runtime = rt
     return rt

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 
-from sglang_pdd import config, metrics
+from sglang_pdd import metrics, test_switches
 from sglang_pdd.config import PddConfig
 from sglang_pdd.roles import Role
 from sglang_pdd.transfer import kv_pool_view
@@ -25,7 +24,6 @@ from sglang_pdd.transfer.packed_receiver import FAILED, SUCCESS, PackedReceiver
 from sglang_pdd.transfer.packed_sender import METADATA_FRAMES, PackedSender, read_offer
 
 logger = logging.getLogger(__name__)
-_KNOBS_SET = bool(os.environ.get(config.ENV_TEST_KNOBS))
 
 
 @functools.lru_cache(maxsize=1)
@@ -43,15 +41,16 @@ def _receiving() -> bool:
 
 @functools.lru_cache(maxsize=1)
 def sender() -> PackedSender:
-    return PackedSender(_sending(), record=lambda event: metrics.record_packed_wan("prefill", event))
+    return PackedSender(_sending(), staging_bytes=_cfg().packed_staging_bytes,
+                        record=lambda event: metrics.record_packed_wan("prefill", event))
 
 
 @functools.lru_cache(maxsize=1)
 def receiver() -> PackedReceiver:
-    cfg = _cfg()
+    cfg, switches = _cfg(), test_switches.for_process()
     return PackedReceiver(cfg.packed_wan if _receiving() else "off", cfg.packed_wan_mb << 20,
                           record=_record_main,
-                          skip_unpack=lambda: _KNOBS_SET and config.read_test_knobs().packed_skip_unpack)
+                          skip_unpack=lambda: switches.on and switches.knobs().packed_skip_unpack)
 
 
 def _record_main(event: str) -> None:
@@ -90,10 +89,7 @@ def send_kvcache(manager, session_id, prefill_pages, dst_pages, **kw) -> int | N
     """P's packed write of one chunk (None: page by page); called by hooks/transfer.around_send_kvcache."""
     if not _sending() or kw.get("dst_device_kv_indices") is not None:
         return None
-    s = sender()
-    if _KNOBS_SET:
-        s.staging_bytes = config.read_test_knobs().packed_staging_bytes or PackedSender.DEFAULT_STAGING
-    return s.send(manager, session_id, prefill_pages, dst_pages)
+    return sender().send(manager, session_id, prefill_pages, dst_pages)
 
 
 def around_receiver_poll(original, rx, *a, **kw):

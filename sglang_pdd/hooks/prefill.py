@@ -10,6 +10,7 @@ import functools
 import logging
 from http import HTTPStatus
 
+from sglang_pdd import test_switches
 from sglang_pdd.config import PddConfig
 from sglang_pdd.hooks.transfer import LEDGER
 from sglang_pdd.roles import Role
@@ -30,7 +31,7 @@ def _builder() -> FanoutBuilder | None:
     cfg = PddConfig.from_env()
     if cfg.role is not Role.PREFILL:
         return None
-    return FanoutBuilder(REGISTRY, cfg.main_bootstrap_timeout)
+    return FanoutBuilder(REGISTRY, cfg.main_bootstrap_timeout, switches=test_switches.for_process())
 
 
 def around_create_sender(original, queue, req, num_kv_heads):

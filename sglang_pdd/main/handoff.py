@@ -78,7 +78,7 @@ class Pending:
     mode: str = "adaptive"  # what MD asks for: one-shot, catch-up, adaptive
     chunk: int = 32
     chosen: str = ""  # the mode the relay chose
-    drop_eager_kv: bool = False  # test-only negative control (see RequestParams)
+    drop_eager_kv: bool = False  # test-only negative control (test_switches.TestKnobs)
 
 
 @dataclass
@@ -120,14 +120,15 @@ class MainHandoff:
         self.stats = MainStats()
 
     # -- what the scheduler hook calls -------------------------------------------------------
-    def admit(self, req: Any, params: RequestParams) -> str | None:
-        """Track a relayed request and send `Watch`; the error that ends it instead, if any."""
+    def admit(self, req: Any, params: RequestParams, drop_eager_kv: bool = False) -> str | None:
+        """Track a relayed request and send `Watch`; the error that ends it instead, if any.
+        `drop_eager_kv`: a negative control (test switches only)."""
         key = (params.relay, params.relay_room)
         if key in self.pending:
             return f"pdd: relay room {params.relay_room} of {params.relay} is already being handed over"
         self.pending[key] = Pending(req, params.relay, params.relay_room, since=self.now(),
                                     mode=params.handoff or self.mode, chunk=params.chunk or self.chunk,
-                                    drop_eager_kv=params.test_drop_eager_kv)
+                                    drop_eager_kv=drop_eager_kv)
         self.by_rid[req.rid] = key
         self.stats.admitted += 1
         if not self.channel.send(params.relay, Watch(room=params.relay_room)):

@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
-import msgspec
-
-from sglang_pdd import config, idle_wait, metrics
-from sglang_pdd.config import PddConfig, testing_enabled
+from sglang_pdd import idle_wait, metrics
+from sglang_pdd.config import PddConfig
 from sglang_pdd.decode_role import DecodeRole
 from sglang_pdd.main import extend_batch
 from sglang_pdd.main.handoff import MainHandoff
-from sglang_pdd.main.handoff_attention import ATTENTION, HandoffAttention
+from sglang_pdd.main.handoff_attention import ATTENTION, CPU_TEST_POLICY, HandoffAttention
 from sglang_pdd.protocol.channel import MainChannel
 from sglang_pdd.protocol.request import RequestParamsError, parse
 from sglang_pdd.request_errors import end_queued
+from sglang_pdd.test_switches import OFF, TestSwitches
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +24,8 @@ class MainRuntime(DecodeRole):
 
     role = "main"
 
-    def __init__(self, scheduler, cfg: PddConfig, secret: bytes, attention: HandoffAttention = ATTENTION):
+    def __init__(self, scheduler, cfg: PddConfig, secret: bytes, switches: TestSwitches = OFF,
+                 attention: HandoffAttention = ATTENTION):
         super().__init__(scheduler)
         self.channel = MainChannel(secret, vocab_size=scheduler.model_config.vocab_size, curve_key=cfg.curve_key(),
                                    record=lambda reason: metrics.record_channel_rejects("main", reason, 1))
@@ -40,9 +39,8 @@ class MainRuntime(DecodeRole):
         self.chunk_batch = None  # this iteration's catch-up EXTEND, with its Pending items
         self._chunk_items: list = []
         self._registered: set[int] = set()
-        self._testing = testing_enabled()
+        self.switches = switches
         self._drop_after_extend: list = []  # negative control: (req, n, k) whose eager KV is discarded
-        self._knobs = bool(os.environ.get(config.ENV_TEST_KNOBS))
         self._held_published = -1
 
     def start(self) -> None:
@@ -62,10 +60,8 @@ class MainRuntime(DecodeRole):
         if params.relay not in self.relays:
             return end_queued(req, f"pdd: relay {params.relay!r} is not one of this server's --pdd-relays",
                                 status_code=400)
-        if self._testing and self._knobs and config.read_test_knobs().drop_eager_kv:
-            params = msgspec.structs.replace(params, test_drop_eager_kv=True)
         try:
-            error = self.handoff.admit(req, params)
+            error = self.handoff.admit(req, params, drop_eager_kv=self.switches.drop_eager_kv())
             self._register_sockets()
         except Exception as e:  # whatever went wrong concerns this request only
             logger.exception("request %s: cannot take the relayed request", req.rid)
@@ -83,7 +79,7 @@ class MainRuntime(DecodeRole):
     # -- every iteration, after sglang's own process_decode_queue ----------------------------
     def poll(self) -> None:
         s = self.scheduler
-        if self._knobs and s.waiting_queue and config.read_test_knobs().corrupt_cached_prefix:
+        if self.switches.on and s.waiting_queue and self.switches.knobs().corrupt_cached_prefix:
             self._corrupt_cached_prefix([r for r in s.waiting_queue if not getattr(r, "_pdd_corrupted", False)])
         keep = []
         for req in s.waiting_queue:
@@ -204,7 +200,8 @@ class MainRuntime(DecodeRole):
         batch, running_batch = self._select(running_batch)
         if batch is not None:
             batch = self.scheduler.dp_attn_adapter.maybe_prepare_mlp_sync_batch(batch)
-            self.attention.arm(batch, batch.batch_size())
+            cpu = self.switches.on and self.switches.knobs().handoff_kernel_cpu
+            self.attention.arm(batch, batch.batch_size(), policy=CPU_TEST_POLICY if cpu else None)
         return batch, running_batch
 
     def _select(self, running_batch):
@@ -250,7 +247,7 @@ class MainRuntime(DecodeRole):
             self.chunk_batch, self._chunk_items = batch, items
             return batch, running_batch
         self.last_extend = batch
-        if self._testing:
+        if self.switches.testing:
             for p in items:
                 if p.drop_eager_kv:
                     p.req.skip_radix_cache_insert = True  # never publish the corrupted KV

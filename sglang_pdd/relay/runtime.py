@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from sglang_pdd import idle_wait, metrics
-from sglang_pdd import config
 from sglang_pdd.config import PddConfig
 from sglang_pdd.decode_role import DecodeRole
 from sglang_pdd.protocol.channel import RelayChannel
 from sglang_pdd.relay.handoff import RelayHandoff
 from sglang_pdd.router.handoff_mode import HandoffModeConfig, HandoffModePolicy
+from sglang_pdd.test_switches import OFF, TestSwitches
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +37,7 @@ class RelayRuntime(DecodeRole):
 
     role = "relay"
 
-    def __init__(self, scheduler, cfg: PddConfig, secret: bytes):
+    def __init__(self, scheduler, cfg: PddConfig, secret: bytes, switches: TestSwitches = OFF):
         super().__init__(scheduler)
         host = scheduler.server_args.host or "0.0.0.0"
         self.channel = RelayChannel(f"tcp://{host}:{cfg.token_port}", secret,
@@ -48,7 +47,7 @@ class RelayRuntime(DecodeRole):
             rld_busy_running=cfg.adaptive_rld_running, rld_busy_kv_usage=cfg.adaptive_rld_kv,
             md_small_batch=cfg.adaptive_md_batch))
         self.handoff = RelayHandoff(self.channel, timeout_s=cfg.handoff_timeout, policy=policy, record=_record)
-        self._knobs = bool(os.environ.get(config.ENV_TEST_KNOBS))
+        self.switches = switches
         idle_wait.watch(scheduler, self.channel.sock)  # tokens from MD end an idle wait
         logger.info("sglang-pdd relay: token channel on %s%s", self.channel.address,
                     " (CURVE encrypted)" if self.channel.encrypted else "")
@@ -89,8 +88,7 @@ class RelayRuntime(DecodeRole):
 
     # -- DecodeRole ---------------------------------------------------------------------------
     def admit(self, req: Any) -> None:
-        knobs = config.read_test_knobs() if self._knobs else None
-        self.handoff.track(req, min_eager=knobs.relay_min_eager if knobs else 0)
+        self.handoff.track(req, min_eager=self.switches.knobs().relay_min_eager if self.switches.on else 0)
 
     def poll(self) -> None:
         self.handoff.poll(self)
