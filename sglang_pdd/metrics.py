@@ -9,7 +9,6 @@ prometheus_client from being imported before that variable is set.
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 PREFIX = "sglang_pdd_"
 _lock = threading.Lock()

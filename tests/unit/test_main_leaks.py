@@ -1,8 +1,6 @@
 """Nothing stays in MainDecode's handoff table: every state has a deadline and an abort path, an
 AbortReq (one rid or abort_all) reaches every state, and the idle check counts every state."""
 
-from types import SimpleNamespace
-
 import pytest
 
 from sglang_pdd.main.handoff import ADMITTED, DRAINING, EXTENDING, READY, STATES, WAITING_TOKENS, MainHandoff
@@ -130,7 +128,6 @@ def test_the_table_is_published_by_state_with_zeros(monkeypatch):
     monkeypatch.setattr(metrics, "set_handoff_requests", lambda role, counts: seen.update({role: counts}))
     monkeypatch.setattr(metrics, "set_held", lambda role, n: None)
     r = Runtime(h)
-    r.rt.channel = SimpleNamespace(rejected={})
     r.rt.publish()
     assert seen == {"main": {**dict.fromkeys((s.value for s in STATES), 0), "admitted": 1}}
 
