@@ -1,4 +1,5 @@
-"""PddConfig: the only place that reads `--pdd-*` flags and `SGLANG_PDD_*` environment variables.
+"""PddConfig: the only place that reads `--pdd-*` flags and `SGLANG_PDD_*` environment variables
+(but the test-only ones, which `test_switches` reads).
 
 Flags are declared once in `FLAGS`; `add_cli_args` adds them to sglang's parser, `from_cli_args`
 turns a parsed namespace into a validated, frozen `PddConfig`. The launcher hands the config to its
@@ -20,12 +21,9 @@ from sglang_pdd.roles import ROLE_CHOICES, Role
 ENV_CONFIG = "SGLANG_PDD_CONFIG"  # JSON of PddConfig, set by the launcher for its children
 ENV_SECRET = "SGLANG_PDD_SECRET"  # shared secret of the token channel (never put on a command line)
 ENV_SECRET_FILE = "SGLANG_PDD_SECRET_FILE"  # or: a file holding it (a mounted Kubernetes Secret, a 0600 file)
-ENV_TESTING = "SGLANG_PDD_TESTING"  # "1": honour test-only negative-control switches in requests
-
-
-def testing_enabled(environ: dict | None = None) -> bool:
-    return (environ if environ is not None else os.environ).get(ENV_TESTING) == "1"
-# Test only: path of a JSON file of `TestKnobs`, re-read when used (so a test can flip them at run time).
+# Test only, read by sglang_pdd.test_switches: "1" honours the negative control `drop_eager_kv`, and
+# the path of a JSON file of `TestKnobs`, re-read when used (so a test can flip them at run time).
+ENV_TESTING = "SGLANG_PDD_TESTING"
 ENV_TEST_KNOBS = "SGLANG_PDD_TEST_KNOBS"
 
 
@@ -78,6 +76,9 @@ FLAGS: tuple[FlagSpec, ...] = (
              "without an offer, or that does not fit, goes page by page.", choices=("off", "plain", "fp8")),
     FlagSpec("packed_wan_mb", int, 512, "main: MiB of host memory for packed-WAN landing regions (a request "
              "that does not fit goes page by page)."),
+    FlagSpec("packed_staging_bytes", int, 64 << 20, "prefill: largest packed-WAN block in bytes (the staging "
+             "buffer each transfer worker packs into; a chunk goes as several blocks when larger, at least one "
+             "page each)."),
     FlagSpec("adaptive_md_batch", int, 8, "relay: adaptive handoff picks one-shot while MainDecode runs at "
              "most this many requests (a one-shot EXTEND stalls few)."),
     FlagSpec("adaptive_rld_running", int, 48, "relay: adaptive handoff picks one-shot (frees the relay at once) "
@@ -134,6 +135,7 @@ class PddConfig:
     handoff_attention: str = "auto"
     packed_wan: str = "off"
     packed_wan_mb: int = 512
+    packed_staging_bytes: int = 64 << 20
     seeded_sampling: str = "auto"
     token_curve: str = "auto"
     relays: str = ""
@@ -209,6 +211,8 @@ class PddConfig:
             raise PddConfigError(f"--pdd-catchup-gap: must be 0..--pdd-catchup-chunk, got {d['catchup_gap']}")
         if "packed_wan_mb" in d and not 1 <= int(d["packed_wan_mb"]) <= 1 << 20:
             raise PddConfigError(f"--pdd-packed-wan-mb: must be 1..1048576 MiB, got {d['packed_wan_mb']}")
+        if "packed_staging_bytes" in d and not 1 <= int(d["packed_staging_bytes"]) <= 1 << 40:
+            raise PddConfigError(f"--pdd-packed-staging-bytes: must be 1..2^40, got {d['packed_staging_bytes']}")
         for name in ("adaptive_md_batch", "adaptive_rld_running"):
             if name in d and not int(d[name]) >= 0:
                 raise PddConfigError(f"--pdd-{name.replace('_', '-')}: must be >= 0, got {d[name]}")
@@ -283,47 +287,6 @@ class PddConfig:
 def _is_tcp_endpoint(addr: str) -> bool:
     host, sep, port = addr.removeprefix("tcp://").rpartition(":")
     return addr.startswith("tcp://") and bool(sep and host) and port.isdigit() and 0 < int(port) < 65536
-
-
-@dataclass(frozen=True)
-class TestKnobs:
-    """Fault injection for tests only; all off unless `SGLANG_PDD_TEST_KNOBS` names a file."""
-
-    __test__ = False  # not a pytest test class
-
-    main_write_delay: float = 0.0  # prefill: sleep before each KV write to MainDecode (a slow WAN write)
-    main_extra_skip_pages: int = 0  # prefill: skip this many more pages for MainDecode (negative controls)
-    handoff_kernel_cpu: bool = False  # main: run the handoff attention hook on CPU too (torch reference)
-    packed_skip_unpack: bool = False  # main: leave packed WAN blocks in the landing region (negative control)
-    packed_staging_bytes: int = 0  # prefill: packed WAN blocks of at most this many bytes (0: the default)
-    # relay: answer no Ready before a request has this many output tokens (k >= it; k == it when MD's
-    # Ready came first). Read when the relay admits a request. Forces a handoff with eager tokens
-    # without holding anything back by time.
-    relay_min_eager: int = 0
-    drop_eager_kv: bool = False  # main: every handoff discards its eager tokens' KV (negative control)
-    # main: zero the KV of the decode radix-cache prefix a request reuses, once its transfer is done
-    # (negative control of the DRC comparison; corrupts the cache: use on servers about to stop)
-    corrupt_cached_prefix: bool = False
-
-
-def read_test_knobs(environ: dict | None = None) -> TestKnobs:
-    """The current `TestKnobs` (defaults when the variable is unset or the file is missing)."""
-    path = (environ if environ is not None else os.environ).get(ENV_TEST_KNOBS)
-    if not path:
-        return TestKnobs()
-    try:
-        with open(path) as f:
-            d = json.load(f)
-    except FileNotFoundError:
-        return TestKnobs()
-    except ValueError as e:
-        raise PddConfigError(f"{ENV_TEST_KNOBS} file {path}: not JSON: {e}") from None
-    types = {f.name: f.type for f in fields(TestKnobs)}
-    unknown = sorted(set(d) - set(types))
-    if unknown:
-        raise PddConfigError(f"{ENV_TEST_KNOBS} file {path}: unknown knobs {unknown}")
-    cast = {"float": float, "int": int, "bool": bool}  # the field annotations (strings here)
-    return TestKnobs(**{k: cast[types[k]](v) for k, v in d.items()})
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:

@@ -9,7 +9,6 @@ prometheus_client from being imported before that variable is set.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
 
 PREFIX = "sglang_pdd_"
 _lock = threading.Lock()
@@ -101,21 +100,6 @@ def record_handoff_failure(role: str, reason: str) -> None:
 def record_channel_rejects(role: str, reason: str, n: int) -> None:
     _counter("token_channel_rejected", "Token-channel frames dropped (bad MAC, version, malformed...)",
              ("role", "reason")).labels(role, reason).inc(n)
-
-
-def export_deltas(counts: dict, seen: dict, record: Callable[[Any, int], None]) -> None:
-    """`record(key, gain)` for what each running count in `counts` gained since `seen` (updated in
-    place): the state machines keep plain counts, the counters on /metrics get their growth."""
-    for key, n in counts.items():
-        gain = n - seen.get(key, 0)
-        if gain > 0:
-            record(key, gain)
-            seen[key] = n
-
-
-def export_channel_rejects(role: str, rejected: dict[str, int], seen: dict[str, int]) -> None:
-    """Publish what a channel's running `rejected` counts gained since `seen` (updated in place)."""
-    export_deltas(rejected, seen, lambda reason, n: record_channel_rejects(role, reason, n))
 
 
 def set_held(role: str, n: int) -> None:

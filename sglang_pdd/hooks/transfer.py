@@ -2,23 +2,21 @@
 with `--pdd-transfer-poll-ms` (on for PDD roles), wait for each write with sleeps instead of Mooncake's
 spin (sglang_pdd.transfer.write_wait).
 
-The test-only knob `main_write_delay` (config.TestKnobs, `SGLANG_PDD_TEST_KNOBS`) makes every KV write
+The test-only knob `main_write_delay` (test_switches.TestKnobs, `SGLANG_PDD_TEST_KNOBS`) makes every KV write
 on the fan-out's main path sleep first, emulating a slow WAN write; off in production.
 """
 
 from __future__ import annotations
 
-import os
 import time
 
-from sglang_pdd import config, metrics
+from sglang_pdd import metrics, test_switches
 from sglang_pdd.config import PddConfig
 from sglang_pdd.process_state import packed_wan
 from sglang_pdd.process_state.transfer_ledger import LEDGER
 from sglang_pdd.transfer import write_wait
 from sglang_pdd.transfer.lanes import MAIN_PATH
 
-_KNOBS_SET = bool(os.environ.get(config.ENV_TEST_KNOBS))
 _UNSET = object()
 _poll_s = _UNSET
 
@@ -50,8 +48,9 @@ def around_batch_transfer_sync(original, engine, session_id, buffers, peer_addre
 def around_send_kvcache(original, manager, session_id, prefill_pages, dst_ptrs, dst_pages, *a, **kw):
     """One chunk's KV to one decode: packed into MD's landing region when it offered one (see
     process_state/packed_wan.py), else page by page as sglang does."""
-    if _KNOBS_SET and LEDGER.current_path() == MAIN_PATH:
-        time.sleep(config.read_test_knobs().main_write_delay)
+    switches = test_switches.for_process()
+    if switches.on and LEDGER.current_path() == MAIN_PATH:
+        time.sleep(switches.knobs().main_write_delay)
     with LEDGER.kind("kv"):
         ret = packed_wan.send_kvcache(manager, session_id, prefill_pages, dst_pages, **kw)
         if ret is not None:

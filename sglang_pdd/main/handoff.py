@@ -18,10 +18,15 @@ must continue exactly where MD's KV ends (`start == have`). A non-final (catch-u
 recomputed by an EXTEND whose sampled token is dropped; `chunk_done` then asks for the rest with
 `Ready(have)`. The final tokens go through the one-shot path. `poll` turns channel messages and
 timeouts into `Abort` actions for the scheduler hook, which knows where the request sits.
+
+Besides its running `stats`, it reports each event as it happens to `record(event, value)`: "chunk"
+(tokens of a catch-up chunk recomputed), "handoff" (the mode the relay chose for a completed handoff),
+"unknown_message" (None: a message for a room it does not know).
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
 from dataclasses import dataclass, field
@@ -32,11 +37,25 @@ from sglang_pdd.protocol.request import RequestParams
 
 logger = logging.getLogger(__name__)
 
-ADMITTED, WAITING_TOKENS, READY = "admitted", "waiting_tokens", "ready"
-DRAINING = "draining"  # the relay finished the request; MD lets its KV land, keeps it, and ends it
-EXTENDING = "extending"  # a catch-up chunk is in this iteration's EXTEND batch
-HELD = (WAITING_TOKENS, READY, EXTENDING)
-STATES = (ADMITTED, DRAINING, *HELD)
+
+
+class HandoffState(enum.Enum):
+    """Where one relayed request is (see the diagram above); the value is its /metrics label."""
+
+    ADMITTED = "admitted"
+    DRAINING = "draining"  # the relay finished the request; MD lets its KV land, keeps it, and ends it
+    WAITING_TOKENS = "waiting_tokens"
+    READY = "ready"
+    EXTENDING = "extending"  # a catch-up chunk is in this iteration's EXTEND batch
+
+
+ADMITTED, DRAINING, WAITING_TOKENS, READY, EXTENDING = HandoffState
+HELD = (WAITING_TOKENS, READY, EXTENDING)  # the KV arrived: sglang's queues no longer see the request
+STATES = tuple(HandoffState)
+
+
+def _ignore(event: str, value: Any) -> None:
+    pass
 
 
 class Channel(Protocol):
@@ -50,7 +69,7 @@ class Pending:
     req: Any
     relay: str
     relay_room: int
-    state: str = ADMITTED
+    state: HandoffState = ADMITTED
     since: float = 0.0
     tokens: list[int] | None = None  # the tokens to recompute next, from index `have`
     logprobs: list[float] | None = None
@@ -59,7 +78,7 @@ class Pending:
     mode: str = "adaptive"  # what MD asks for: one-shot, catch-up, adaptive
     chunk: int = 32
     chosen: str = ""  # the mode the relay chose
-    drop_eager_kv: bool = False  # test-only negative control (see RequestParams)
+    drop_eager_kv: bool = False  # test-only negative control (test_switches.TestKnobs)
 
 
 @dataclass
@@ -88,8 +107,9 @@ class MainStats:
 class MainHandoff:
     def __init__(self, channel: Channel, timeout_s: float, now: Callable[[], float] = time.monotonic,
                  keep_kv_when_relay_finishes: bool = True, mode: str = "adaptive", chunk: int = 32, gap: int = 2,
-                 kv_timeout_s: float = 300.0):
+                 kv_timeout_s: float = 300.0, record: Callable[[str, Any], None] = _ignore):
         self.channel = channel
+        self.record = record
         self.mode, self.chunk, self.gap = mode, chunk, gap
         self.keep_kv = keep_kv_when_relay_finishes
         self.timeout_s = timeout_s
@@ -100,14 +120,15 @@ class MainHandoff:
         self.stats = MainStats()
 
     # -- what the scheduler hook calls -------------------------------------------------------
-    def admit(self, req: Any, params: RequestParams) -> str | None:
-        """Track a relayed request and send `Watch`; the error that ends it instead, if any."""
+    def admit(self, req: Any, params: RequestParams, drop_eager_kv: bool = False) -> str | None:
+        """Track a relayed request and send `Watch`; the error that ends it instead, if any.
+        `drop_eager_kv`: a negative control (test switches only)."""
         key = (params.relay, params.relay_room)
         if key in self.pending:
             return f"pdd: relay room {params.relay_room} of {params.relay} is already being handed over"
         self.pending[key] = Pending(req, params.relay, params.relay_room, since=self.now(),
                                     mode=params.handoff or self.mode, chunk=params.chunk or self.chunk,
-                                    drop_eager_kv=params.test_drop_eager_kv)
+                                    drop_eager_kv=drop_eager_kv)
         self.by_rid[req.rid] = key
         self.stats.admitted += 1
         if not self.channel.send(params.relay, Watch(room=params.relay_room)):
@@ -132,6 +153,7 @@ class MainHandoff:
         """A catch-up chunk's EXTEND ran: its KV is in MD's pool; ask for what follows."""
         self.stats.chunks += 1
         self.stats.chunk_tokens += len(p.tokens)
+        self.record("chunk", len(p.tokens))
         p.have += len(p.tokens)
         p.tokens = p.logprobs = None
         self._ask(p, md_batch)
@@ -152,6 +174,7 @@ class MainHandoff:
             p = self.pending.get((addr, msg.room))
             if p is None:
                 self.stats.unknown_messages += 1
+                self.record("unknown_message", None)
                 n = self.stats.unknown_messages
                 if n & (n - 1) == 0:  # the 1st, 2nd, 4th, 8th...: a flood cannot flood the log
                     logger.warning("token channel: %s for unknown or finished room %s from %s (%d so far)",
@@ -175,7 +198,7 @@ class MainHandoff:
             elif isinstance(msg, Reject):
                 aborts.append(self._fail(p, f"pdd: the relay rejected the handoff: {msg.reason}"))
             else:
-                aborts.append(self._fail(p, f"pdd: unexpected {type(msg).__name__} in state {p.state}"))
+                aborts.append(self._fail(p, f"pdd: unexpected {type(msg).__name__} in state {p.state.value}"))
         aborts += self._expire(self.now())
         return aborts
 
@@ -194,7 +217,7 @@ class MainHandoff:
                 aborts.append(self._fail(p, f"pdd: no room for the handoff EXTEND within {self.timeout_s:g}s"))
         return aborts
 
-    def counts(self) -> dict[str, int]:
+    def counts(self) -> dict[HandoffState, int]:
         """Entries by state (every state, zeros included)."""
         out = dict.fromkeys(STATES, 0)
         for p in self.pending.values():
@@ -233,6 +256,7 @@ class MainHandoff:
             self.stats.handoffs += 1
             self.stats.handoff_tokens += p.have + len(p.tokens)
             self.stats.modes[p.chosen] = self.stats.modes.get(p.chosen, 0) + 1
+            self.record("handoff", p.chosen)
             if solo(p.req):
                 break
         if out:

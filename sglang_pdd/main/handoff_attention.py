@@ -35,7 +35,8 @@ POOL_CLASSES = ("MHATokenToKVPool",)  # exact classes: subclasses change layout 
 @dataclass(frozen=True)
 class KernelPolicy:
     """Where the kernel path may run. Production: CUDA, fp16/bf16, the Triton kernels. The tests widen it:
-    CPU and fp32 under Triton's interpreter, or the torch reference inside a CPU server (test knob)."""
+    CPU and fp32 under Triton's interpreter, or the torch reference inside a CPU server (a test knob:
+    MainRuntime arms with CPU_TEST_POLICY under `handoff_kernel_cpu`)."""
 
     devices: tuple[str, ...] = ("cuda",)
     dtypes: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
@@ -140,14 +141,14 @@ class HandoffAttention:
         self._record = record
 
     # -- arming (MainDecode's scheduler) -------------------------------------------------------------
-    def arm(self, batch: Any, batch_size: int) -> None:
+    def arm(self, batch: Any, batch_size: int, policy: KernelPolicy | None = None) -> None:
+        """Arm for `batch`, under `policy` (else the one given at construction, else CUDA_POLICY)."""
         self.disarm()
         if self.mode is None:
             self.mode = config.PddConfig.from_env().handoff_attention
         if self.mode == "sglang":
             self.disabled = "off"
-        if self._fixed_policy is None:  # the test knob is read only where SGLANG_PDD_TEST_KNOBS is set
-            self.policy = CPU_TEST_POLICY if config.read_test_knobs().handoff_kernel_cpu else CUDA_POLICY
+        self.policy = policy or self._fixed_policy or CUDA_POLICY
         self.armed_for, self.armed_size = batch, batch_size
 
     def disarm(self, batch: Any = None) -> None:

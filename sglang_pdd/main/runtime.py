@@ -3,42 +3,49 @@
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
-import msgspec
-
-from sglang_pdd import config, idle_wait, metrics
-from sglang_pdd.config import PddConfig, testing_enabled
+from sglang_pdd import idle_wait, metrics
+from sglang_pdd.config import PddConfig
+from sglang_pdd.decode_role import DecodeRole
 from sglang_pdd.main import extend_batch
 from sglang_pdd.main.handoff import MainHandoff
+from sglang_pdd.main.handoff_attention import ATTENTION, CPU_TEST_POLICY, HandoffAttention
 from sglang_pdd.protocol.channel import MainChannel
 from sglang_pdd.protocol.request import RequestParamsError, parse
 from sglang_pdd.request_errors import end_queued
+from sglang_pdd.test_switches import OFF, TestSwitches
 
 logger = logging.getLogger(__name__)
 
 
-class MainRuntime:
-    def __init__(self, scheduler, cfg: PddConfig, secret: bytes):
-        self.scheduler = scheduler
-        self.channel = MainChannel(secret, vocab_size=scheduler.model_config.vocab_size, curve_key=cfg.curve_key())
+class MainRuntime(DecodeRole):
+    """Owns the channels, the handoff state machine and the handoff EXTEND of one MD scheduler."""
+
+    role = "main"
+
+    def __init__(self, scheduler, cfg: PddConfig, secret: bytes, switches: TestSwitches = OFF,
+                 attention: HandoffAttention = ATTENTION):
+        super().__init__(scheduler)
+        self.channel = MainChannel(secret, vocab_size=scheduler.model_config.vocab_size, curve_key=cfg.curve_key(),
+                                   record=lambda reason: metrics.record_channel_rejects("main", reason, 1))
         self.relays = cfg.relay_set
         self.handoff = MainHandoff(self.channel, timeout_s=cfg.handoff_timeout,
                                    keep_kv_when_relay_finishes=cfg.relay_finished_kv == "keep",
                                    mode=cfg.handoff_mode, chunk=cfg.catchup_chunk, gap=cfg.catchup_gap,
-                                   kv_timeout_s=cfg.kv_timeout)
+                                   kv_timeout_s=cfg.kv_timeout, record=_record)
+        self.attention = attention
         self.last_extend = None  # the EXTEND batch that ran last iteration, merged on the next one
         self.chunk_batch = None  # this iteration's catch-up EXTEND, with its Pending items
         self._chunk_items: list = []
         self._registered: set[int] = set()
-        self._rejects_seen: dict[str, int] = {}
-        self._modes_seen: dict[str, int] = {}
-        self._chunks_seen: dict[str, int] = {}
-        self._testing = testing_enabled()
+        self.switches = switches
         self._drop_after_extend: list = []  # negative control: (req, n, k) whose eager KV is discarded
-        self._knobs = bool(os.environ.get(config.ENV_TEST_KNOBS))
         self._held_published = -1
+
+    def start(self) -> None:
+        """Warm the handoff attention kernel up for this pool (CUDA only)."""
+        self.attention.warm_up(self.scheduler)
 
     # -- admission --------------------------------------------------------------------------
     def admit(self, req: Any) -> None:
@@ -53,10 +60,8 @@ class MainRuntime:
         if params.relay not in self.relays:
             return end_queued(req, f"pdd: relay {params.relay!r} is not one of this server's --pdd-relays",
                                 status_code=400)
-        if self._testing and self._knobs and config.read_test_knobs().drop_eager_kv:
-            params = msgspec.structs.replace(params, test_drop_eager_kv=True)
         try:
-            error = self.handoff.admit(req, params)
+            error = self.handoff.admit(req, params, drop_eager_kv=self.switches.drop_eager_kv())
             self._register_sockets()
         except Exception as e:  # whatever went wrong concerns this request only
             logger.exception("request %s: cannot take the relayed request", req.rid)
@@ -72,9 +77,9 @@ class MainRuntime:
                 self._registered.add(id(sock))
 
     # -- every iteration, after sglang's own process_decode_queue ----------------------------
-    def after_process_decode_queue(self) -> None:
+    def poll(self) -> None:
         s = self.scheduler
-        if self._knobs and s.waiting_queue and config.read_test_knobs().corrupt_cached_prefix:
+        if self.switches.on and s.waiting_queue and self.switches.knobs().corrupt_cached_prefix:
             self._corrupt_cached_prefix([r for r in s.waiting_queue if not getattr(r, "_pdd_corrupted", False)])
         keep = []
         for req in s.waiting_queue:
@@ -101,16 +106,9 @@ class MainRuntime:
         return len(self.scheduler.running_batch.reqs)
 
     def publish(self) -> None:
-        """Gauges and counter deltas for /metrics (called at a bounded rate by the hook)."""
-        rejected = {**self.channel.rejected, "unknown_room": self.handoff.stats.unknown_messages}
-        metrics.export_channel_rejects("main", rejected, self._rejects_seen)
+        """Gauges for /metrics (at a bounded rate; the counters are recorded as their events happen)."""
         self._publish_held()
-        metrics.set_handoff_requests("main", self.handoff.counts())
-        st = self.handoff.stats
-        metrics.export_deltas({"chunks": st.chunks, "tokens": st.chunk_tokens}, self._chunks_seen,
-                              lambda what, n: metrics.record_catchup("main", what, n))
-        metrics.export_deltas(st.modes, self._modes_seen,
-                              lambda mode, n: metrics.record_handoff_mode("main", mode or "unknown", "relay_chose", n))
+        metrics.set_handoff_requests("main", {state.value: n for state, n in self.handoff.counts().items()})
 
     def _abort(self, a, keep_kv: bool = True) -> None:
         from sglang.srt.disaggregation.utils import prepare_abort
@@ -145,10 +143,15 @@ class MainRuntime:
         return bool(self.handoff.pending) or self.last_extend is not None
 
     # -- catch-up chunks: their EXTEND writes KV and nothing else ---------------------------------
-    def owns(self, batch) -> bool:
-        return batch is not None and batch is self.chunk_batch
+    def on_batch_result(self, batch, result) -> bool:
+        """The handoff attention's armed window ends; a catch-up chunk's result is consumed here."""
+        self.attention.disarm(batch)
+        if batch is None or batch is not self.chunk_batch:
+            return False
+        self._on_chunk_result(result)
+        return True
 
-    def on_chunk_result(self, batch, result) -> None:
+    def _on_chunk_result(self, result) -> None:
         """Instead of sglang's result processing: the sampled token is dropped (RLD's next token is
         what counts), nothing is streamed, and the requests go back to waiting for tokens."""
         copy_done = getattr(result, "copy_done", None)
@@ -191,6 +194,17 @@ class MainRuntime:
 
     # -- batch selection ----------------------------------------------------------------------
     def next_batch(self, running_batch):
+        """(handoff or catch-up EXTEND or None, running batch); the EXTEND's attention may take the
+        handoff kernel (armed until its result, or the next selection)."""
+        self.attention.disarm()  # last round's handoff batch has run
+        batch, running_batch = self._select(running_batch)
+        if batch is not None:
+            batch = self.scheduler.dp_attn_adapter.maybe_prepare_mlp_sync_batch(batch)
+            cpu = self.switches.on and self.switches.knobs().handoff_kernel_cpu
+            self.attention.arm(batch, batch.batch_size(), policy=CPU_TEST_POLICY if cpu else None)
+        return batch, running_batch
+
+    def _select(self, running_batch):
         """Merge last iteration's EXTEND batch; return (extend batch or None, running batch)."""
         s = self.scheduler
         if self._drop_after_extend:
@@ -233,7 +247,7 @@ class MainRuntime:
             self.chunk_batch, self._chunk_items = batch, items
             return batch, running_batch
         self.last_extend = batch
-        if self._testing:
+        if self.switches.testing:
             for p in items:
                 if p.drop_eager_kv:
                     p.req.skip_radix_cache_insert = True  # never publish the corrupted KV
@@ -243,3 +257,14 @@ class MainRuntime:
             metrics.record_handoff("main", len(p.req.output_ids))
         self._publish_held()
         return batch, running_batch
+
+
+def _record(event: str, value: Any) -> None:
+    """MainHandoff's events on /metrics."""
+    if event == "chunk":
+        metrics.record_catchup("main", "chunks", 1)
+        metrics.record_catchup("main", "tokens", value)
+    elif event == "handoff":
+        metrics.record_handoff_mode("main", value or "unknown", "relay_chose")
+    elif event == "unknown_message":
+        metrics.record_channel_rejects("main", "unknown_room", 1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 
+from sglang_pdd import test_switches
 from sglang_pdd.config import PddConfig
 from sglang_pdd.process_state.transfer_ledger import LEDGER
 from sglang_pdd.roles import Role
@@ -22,7 +23,7 @@ def builder() -> FanoutBuilder | None:
     cfg = PddConfig.from_env()
     if cfg.role is not Role.PREFILL:
         return None
-    return FanoutBuilder(REGISTRY, cfg.main_bootstrap_timeout)
+    return FanoutBuilder(REGISTRY, cfg.main_bootstrap_timeout, switches=test_switches.for_process())
 
 
 def refuses_registration(manager, room: int, status) -> bool:

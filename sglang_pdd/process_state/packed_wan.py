@@ -7,16 +7,12 @@ process packs (prefill) or unpacks (main) at all.
 from __future__ import annotations
 
 import functools
-import os
 
-from sglang_pdd import config, metrics
+from sglang_pdd import metrics, test_switches
 from sglang_pdd.config import PddConfig
 from sglang_pdd.roles import Role
 from sglang_pdd.transfer.packed_receiver import PackedReceiver
 from sglang_pdd.transfer.packed_sender import PackedSender
-
-KNOBS_SET = bool(os.environ.get(config.ENV_TEST_KNOBS))
-
 
 @functools.lru_cache(maxsize=1)
 def cfg() -> PddConfig:
@@ -33,15 +29,16 @@ def receiving() -> bool:
 
 @functools.lru_cache(maxsize=1)
 def sender() -> PackedSender:
-    return PackedSender(sending(), record=lambda event: metrics.record_packed_wan("prefill", event))
+    return PackedSender(sending(), staging_bytes=cfg().packed_staging_bytes,
+                        record=lambda event: metrics.record_packed_wan("prefill", event))
 
 
 @functools.lru_cache(maxsize=1)
 def receiver() -> PackedReceiver:
-    c = cfg()
+    c, switches = cfg(), test_switches.for_process()
     return PackedReceiver(c.packed_wan if receiving() else "off", c.packed_wan_mb << 20,
                           record=_record_main,
-                          skip_unpack=lambda: KNOBS_SET and config.read_test_knobs().packed_skip_unpack)
+                          skip_unpack=lambda: switches.on and switches.knobs().packed_skip_unpack)
 
 
 def _record_main(event: str) -> None:
@@ -55,7 +52,4 @@ def send_kvcache(manager, session_id, prefill_pages, dst_pages, **kw) -> int | N
     """P's packed write of one chunk through the process's sender (None: page by page)."""
     if not sending() or kw.get("dst_device_kv_indices") is not None:
         return None
-    s = sender()
-    if KNOBS_SET:
-        s.staging_bytes = config.read_test_knobs().packed_staging_bytes or PackedSender.DEFAULT_STAGING
-    return s.send(manager, session_id, prefill_pages, dst_pages)
+    return sender().send(manager, session_id, prefill_pages, dst_pages)

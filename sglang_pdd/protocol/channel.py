@@ -3,7 +3,8 @@
 Both ends poll from their scheduler loop (`poll()` returns at once). Every frame is HMAC'd
 (`FrameAuth`) over a header that binds it to its direction, connection (session) and sequence number
 (`protocol.replay`); a frame that fails authentication, decoding or that binding (replayed, reflected,
-from another peer) is dropped, logged once per reason, and counted in `rejected[reason]`. The sender
+from another peer) is dropped, logged once per reason, counted in `rejected[reason]` and reported to
+the `record(reason)` callback the endpoint was given (the runtimes' /metrics counters). The sender
 of a well-formed message about something the receiver cannot serve gets a `Reject` (that decision
 belongs to the caller).
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import logging
+from collections.abc import Callable
 
 import zmq
 
@@ -47,17 +49,26 @@ def configure(sock: zmq.Socket) -> None:
         sock.setsockopt(opt, value)
 
 
+def _ignore(reason: str) -> None:
+    pass
+
+
 class _Endpoint:
-    def __init__(self, secret: bytes, vocab_size: int | None):
+    def __init__(self, secret: bytes, vocab_size: int | None, record: Callable[[str], None] = _ignore):
         self._auth = FrameAuth(secret)
         self._vocab = vocab_size
         self._ctx = zmq.Context.instance()
         self.rejected: collections.Counter[str] = collections.Counter()
+        self._record = record
 
     def _reject(self, e: ProtocolError, peer: str) -> None:
         if not self.rejected[e.reason]:
             logger.warning("token channel: dropped a frame from %s: %s", peer, e)
-        self.rejected[e.reason] += 1
+        self._count(e.reason)
+
+    def _count(self, reason: str) -> None:
+        self.rejected[reason] += 1
+        self._record(reason)
 
     def _open(self, frame: bytes) -> tuple[int, int, int, bytes]:
         return unpack_header(self._auth.open(frame))
@@ -72,8 +83,9 @@ class _Endpoint:
 class RelayChannel(_Endpoint):
     """RLD side: bound ROUTER. `poll()` -> [(peer_id, message)], `send(peer_id, message)`."""
 
-    def __init__(self, bind: str, secret: bytes, vocab_size: int | None = None, curve_key: bytes | None = None):
-        super().__init__(secret, vocab_size)
+    def __init__(self, bind: str, secret: bytes, vocab_size: int | None = None, curve_key: bytes | None = None,
+                 record: Callable[[str], None] = _ignore):
+        super().__init__(secret, vocab_size, record)
         self.sock = self._ctx.socket(zmq.ROUTER)
         configure(self.sock)
         if curve_key is not None:  # the relay's CURVE secret key (protocol.curve)
@@ -94,7 +106,7 @@ class RelayChannel(_Endpoint):
             except zmq.Again:
                 break
             if len(frames) != 2:
-                self.rejected["malformed"] += 1
+                self._count("malformed")
                 continue
             peer, frame = frames
             try:
@@ -142,8 +154,9 @@ class _Connection:
 class MainChannel(_Endpoint):
     """MD side: one DEALER per relay address. `send(addr, message)`, `poll()` -> [(addr, message)]."""
 
-    def __init__(self, secret: bytes, vocab_size: int | None = None, curve_key: bytes | None = None):
-        super().__init__(secret, vocab_size)
+    def __init__(self, secret: bytes, vocab_size: int | None = None, curve_key: bytes | None = None,
+                 record: Callable[[str], None] = _ignore):
+        super().__init__(secret, vocab_size, record)
         self._curve_key = curve_key  # the relays' CURVE public key (protocol.curve)
         self.encrypted = curve_key is not None
         self._conns: dict[str, _Connection] = {}

@@ -33,12 +33,9 @@ class RequestParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     relay: str | None = None  # MD: RLD's token channel, "tcp://host:port"
     handoff: str | None = None  # MD: one-shot | catch-up | adaptive (overrides --pdd-handoff-mode)
     chunk: int | None = None  # MD: catch-up chunk size in tokens (overrides --pdd-catchup-chunk)
-    # Negative control for tests only: MD runs the EXTEND but then discards the eager tokens' KV, as
-    # if it had skipped the step. Honoured only by a server started with SGLANG_PDD_TESTING=1.
-    test_drop_eager_kv: bool = False
 
     def to_custom_params(self) -> dict:
-        return {KEY: {k: v for k, v in msgspec.structs.asdict(self).items() if v is not None and v is not False}}
+        return {KEY: {k: v for k, v in msgspec.structs.asdict(self).items() if v is not None}}
 
 
 def parse(custom_params: dict | None) -> RequestParams | None:

@@ -16,6 +16,10 @@ finish it with the handoff reason. For each relayed request (keyed by RLD's boot
   decodes more per round than a chunk carries: MD was no closer `max_stalls` times running) or
   runs `max_rounds` chunks also goes final, with the rest in one step.
   If R already finished, the answer is `Finished(R)`; if R is unknown after `timeout_s`, `Reject(R)`.
+
+Besides its running `stats`, it reports each event as it happens to `record(event, value)`:
+"finished_locally" (None), "mode" ((mode, reason label)), "chunk" (tokens of a non-final chunk sent),
+"load" (the `HandoffLoad` of an adaptive choice).
 """
 
 from __future__ import annotations
@@ -76,6 +80,10 @@ class RelayStats:
     last_load: HandoffLoad | None = None  # the inputs of the last adaptive choice
 
 
+def _ignore(event: str, value: Any) -> None:
+    pass
+
+
 def finish_type(req: Any) -> str:
     reason = getattr(req, "finished_reason", None)
     try:
@@ -86,8 +94,10 @@ def finish_type(req: Any) -> str:
 
 class RelayHandoff:
     def __init__(self, channel: Channel, timeout_s: float, now: Callable[[], float] = time.monotonic,
-                 policy: HandoffModePolicy | None = None, max_rounds: int = 32, max_stalls: int = 2):
+                 policy: HandoffModePolicy | None = None, max_rounds: int = 32, max_stalls: int = 2,
+                 record: Callable[[str, Any], None] = _ignore):
         self.channel = channel
+        self.record = record
         self.max_stalls = max_stalls
         self.policy = policy or HandoffModePolicy()
         self.max_rounds = max_rounds
@@ -139,6 +149,7 @@ class RelayHandoff:
             if room.finished_at is None:
                 room.finished_at = now
                 self.stats.finished_locally += 1
+                self.record("finished_locally", None)
             if room.watcher is not None:
                 n = len(req.output_ids)
                 self._drop(room_id, Finished(room=room_id, reason=finish_type(req), n_tokens=n), room.watcher)
@@ -172,6 +183,7 @@ class RelayHandoff:
         room.sent, room.rounds, room.ready_from, room.ready = end, room.rounds + 1, None, None
         self.stats.chunks += 1
         self.stats.chunk_tokens += len(ids)
+        self.record("chunk", len(ids))
         self.channel.send(peer, msg)
 
     def _choose(self, ready: Ready, eager: int, ops: RelayOps) -> HandoffMode:
@@ -182,8 +194,10 @@ class RelayHandoff:
             load = HandoffLoad(running, usage, ready.md_batch, eager_tokens=eager, chunk_tokens=ready.chunk)
             d = self.policy.decide(load)
             mode, label, self.stats.last_load = d.mode, d.label, load
+            self.record("load", load)
         key = (mode.value, label)
         self.stats.modes[key] = self.stats.modes.get(key, 0) + 1
+        self.record("mode", key)
         return mode
 
     def _drop(self, room_id: int, reply: Any, peer: bytes) -> None:

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from sglang_pdd import idle_wait, metrics
-from sglang_pdd import config
 from sglang_pdd.config import PddConfig
+from sglang_pdd.decode_role import DecodeRole
 from sglang_pdd.protocol.channel import RelayChannel
 from sglang_pdd.relay.handoff import RelayHandoff
 from sglang_pdd.router.handoff_mode import HandoffModeConfig, HandoffModePolicy
+from sglang_pdd.test_switches import OFF, TestSwitches
 
 logger = logging.getLogger(__name__)
 
@@ -32,23 +32,22 @@ def handoff_finish(k: int, mode: str = "one-shot"):
     return FINISH_PDD_HANDOFF(k, mode)
 
 
-class RelayRuntime:
+class RelayRuntime(DecodeRole):
     """Owns the channel and the handoff state machine of one RLD scheduler (attn-TP rank 0)."""
 
-    def __init__(self, scheduler, cfg: PddConfig, secret: bytes):
-        self.scheduler = scheduler
+    role = "relay"
+
+    def __init__(self, scheduler, cfg: PddConfig, secret: bytes, switches: TestSwitches = OFF):
+        super().__init__(scheduler)
         host = scheduler.server_args.host or "0.0.0.0"
         self.channel = RelayChannel(f"tcp://{host}:{cfg.token_port}", secret,
-                                    vocab_size=scheduler.model_config.vocab_size, curve_key=cfg.curve_key())
+                                    vocab_size=scheduler.model_config.vocab_size, curve_key=cfg.curve_key(),
+                                    record=lambda reason: metrics.record_channel_rejects("relay", reason, 1))
         policy = HandoffModePolicy(HandoffModeConfig(
             rld_busy_running=cfg.adaptive_rld_running, rld_busy_kv_usage=cfg.adaptive_rld_kv,
             md_small_batch=cfg.adaptive_md_batch))
-        self.handoff = RelayHandoff(self.channel, timeout_s=cfg.handoff_timeout, policy=policy)
-        self._knobs = bool(os.environ.get(config.ENV_TEST_KNOBS))
-        self._rejects_seen: dict[str, int] = {}
-        self._finished_seen: dict[str, int] = {}
-        self._modes_seen: dict[tuple[str, str], int] = {}
-        self._chunks_seen: dict[str, int] = {}
+        self.handoff = RelayHandoff(self.channel, timeout_s=cfg.handoff_timeout, policy=policy, record=_record)
+        self.switches = switches
         idle_wait.watch(scheduler, self.channel.sock)  # tokens from MD end an idle wait
         logger.info("sglang-pdd relay: token channel on %s%s", self.channel.address,
                     " (CURVE encrypted)" if self.channel.encrypted else "")
@@ -87,21 +86,22 @@ class RelayRuntime:
             s.running_batch.filter_batch()
         metrics.record_handoff("relay", k)
 
-    # -- called by the hooks ----------------------------------------------------------------
-    def track(self, req: Any) -> None:
-        knobs = config.read_test_knobs() if self._knobs else None
-        self.handoff.track(req, min_eager=knobs.relay_min_eager if knobs else 0)
+    # -- DecodeRole ---------------------------------------------------------------------------
+    def admit(self, req: Any) -> None:
+        self.handoff.track(req, min_eager=self.switches.knobs().relay_min_eager if self.switches.on else 0)
 
     def poll(self) -> None:
         self.handoff.poll(self)
-        st = self.handoff.stats
-        metrics.export_channel_rejects("relay", self.channel.rejected, self._rejects_seen)
-        metrics.export_deltas({"": st.finished_locally}, self._finished_seen,
-                              lambda _, n: metrics.record_relay_finished("relay", n))
-        metrics.export_deltas(st.modes, self._modes_seen,
-                              lambda key, n: metrics.record_handoff_mode("relay", key[0], key[1], n))
-        metrics.export_deltas({"chunks": st.chunks, "tokens": st.chunk_tokens}, self._chunks_seen,
-                              lambda what, n: metrics.record_catchup("relay", what, n))
-        if st.last_load is not None:
-            ld, st.last_load = st.last_load, None
-            metrics.set_handoff_policy_inputs(ld.rld_running, ld.rld_kv_usage, ld.md_batch_size)
+
+
+def _record(event: str, value: Any) -> None:
+    """RelayHandoff's events on /metrics."""
+    if event == "finished_locally":
+        metrics.record_relay_finished("relay")
+    elif event == "mode":
+        metrics.record_handoff_mode("relay", *value)
+    elif event == "chunk":
+        metrics.record_catchup("relay", "chunks", 1)
+        metrics.record_catchup("relay", "tokens", value)
+    elif event == "load":
+        metrics.set_handoff_policy_inputs(value.rld_running, value.rld_kv_usage, value.md_batch_size)

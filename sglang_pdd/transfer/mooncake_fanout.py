@@ -16,8 +16,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sglang_pdd import config
 from sglang_pdd.protocol import request as request_params
+from sglang_pdd.test_switches import OFF, TestSwitches
 from sglang_pdd.transfer.fanout import FanoutContext, FanoutSender, Poll
 from sglang_pdd.transfer.lanes import FanoutRegistry
 
@@ -101,9 +101,10 @@ class MetadataRows:
 
 
 class FanoutBuilder:
-    def __init__(self, registry: FanoutRegistry, main_bootstrap_timeout: float):
+    def __init__(self, registry: FanoutRegistry, main_bootstrap_timeout: float, switches: TestSwitches = OFF):
         self.registry = registry
         self.main_bootstrap_timeout = main_bootstrap_timeout
+        self.switches = switches
 
     @staticmethod
     def main_room(req: Any) -> int | None:
@@ -147,7 +148,7 @@ class FanoutBuilder:
             rooms=MooncakeRooms(queue.kv_manager, self.registry),
             page_size=queue.scheduler.token_to_kv_pool_allocator.page_size,
             main_bootstrap_timeout=self.main_bootstrap_timeout,
-            extra_skip_pages=config.read_test_knobs().main_extra_skip_pages,
+            extra_skip_pages=self.switches.knobs().main_extra_skip_pages,
         )
         sender = FanoutSender(relay, main, ctx)
         req.disagg_kv_sender = sender

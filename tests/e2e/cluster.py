@@ -83,7 +83,7 @@ class PDDServers:
     bootstrap_port: int
     token_port: int
     idle_rows: dict  # request rows free on RLD and MD when idle: what leak checks return to
-    knob_files: dict  # role -> its test-knobs file (config.TestKnobs), re-read by the server
+    knob_files: dict  # role -> its test-knobs file (test_switches.TestKnobs), re-read by the server
     knob_values: dict = field(default_factory=dict)  # role -> the knobs set now
 
     def set_knobs(self, role: str, **knobs) -> None:

@@ -9,7 +9,7 @@ while the relay gets the whole prompt (page size 1 and 16); a main aborted or ki
 never bootstrapping leaves the relay correct and P's pool idle; a malformed `pdd` parameter fails
 that request only; and, as a negative control, a main that misses one page more is caught by both
 the byte and the token comparison. A slow WAN write and the extra skipped page come from the
-test-only knobs file (config.TestKnobs, SGLANG_PDD_TEST_KNOBS) that P re-reads.
+test-only knobs file (test_switches.TestKnobs, SGLANG_PDD_TEST_KNOBS) that P re-reads.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from sglang_pdd.testing import identity
 from sglang_pdd.testing.client import greedy_body, pd_generate
 from sglang_pdd.testing.pdd_client import relayed_generate, relayed_generate_many
 
-from .cluster import metric, start_pdd
+from .cluster import metric, start_pd, start_pdd
 
 pytestmark = pytest.mark.e2e
 
@@ -35,11 +35,21 @@ def packed(server_group, tiny_model):
     return s.roles
 
 
+@pytest.fixture(scope="module")
+def small_blocks(server_group, tiny_model):
+    """A P -> MD pair whose P packs blocks of at most 1 byte (`--pdd-packed-staging-bytes`): one page each."""
+    flags = ["--pdd-packed-wan", "plain"]
+    prefill = ["--pdd-role", "prefill", *flags, "--pdd-packed-staging-bytes", "1"]
+    return start_pd(server_group, tiny_model, base_port=31400, bootstrap_port=8991, page_size=PAGE,
+                    decode_radix_cache=True, prefill_extra=prefill, decode_extra=["--pdd-role", "main", *flags])
+
+
 @pytest.fixture(autouse=True)
-def _reset_knobs(packed):
+def _reset_knobs(request):
     yield
-    set_knobs("prefill")
-    set_knobs("main")
+    if "packed" in request.fixturenames:
+        set_knobs("prefill")
+        set_knobs("main")
 
 
 def ref(reference_server, ids, n=NEW) -> identity.Reference:
@@ -97,15 +107,15 @@ def test_fanout_main_leg_goes_packed_across_a_conversation(packed, reference_ser
     assert r2.main["meta_info"]["cached_tokens"] >= len(turn1) // PAGE * PAGE
 
 
-def test_blocks_smaller_than_a_chunk_are_reassembled(packed, reference_server, prompts):
+def test_blocks_smaller_than_a_chunk_are_reassembled(small_blocks, reference_server, prompts):
     """P's staging capped at one page: every chunk goes as many blocks, each with its table entry."""
-    set_knobs("prefill", packed_staging_bytes=1)
+    p, d = small_blocks.prefill.url, small_blocks.decode.url
     ids = prompts.ids(500, seed=704)
-    p0, s0 = events(packed.prefill, "prefill"), kv_slices(packed.prefill)
-    out = pd_generate(packed.prefill, packed.main, packed.bootstrap_host, packed.bootstrap_port, greedy_body(ids, NEW))
+    p0, s0 = events(p, "prefill"), kv_slices(p)
+    out = pd_generate(p, d, "127.0.0.1", small_blocks.bootstrap_port, greedy_body(ids, NEW))
     identity.check(ref(reference_server, ids), out["output_ids"], "small blocks")
-    chunks = delta(events(packed.prefill, "prefill"), p0, "packed")
-    assert chunks >= 1 and kv_slices(packed.prefill) - s0 > 2 * chunks  # many blocks per chunk, not one
+    chunks = delta(events(p, "prefill"), p0, "packed")
+    assert chunks >= 1 and kv_slices(p) - s0 > 2 * chunks  # many blocks per chunk, not one
 
 
 def test_concurrent_relayed_requests_each_land_in_their_own_region(packed, reference_server, prompts):

@@ -152,8 +152,8 @@ def test_part_of_the_prompt_already_cached_on_main(pdd, reference_server, prompt
 def test_negative_control_main_without_the_eager_kv_diverges(pdd, reference_server, prompts, mode):
     ids = prompts.ids(400, seed=70 if mode == "one-shot" else 71)  # prompts nothing else uses
     want = ref(reference_server, ids, 200)
-    extra = {"test_drop_eager_kv": True, "handoff": mode, "chunk": 4}
-    r = relayed(pdd, greedy_body(ids, 200), k=16, main_extra=extra)
+    with pdd.knobs("main", drop_eager_kv=True):
+        r = relayed(pdd, greedy_body(ids, 200), k=16, main_extra={"handoff": mode, "chunk": 4})
     identity.check(want, r.relay["output_ids"], "RLD's eager tokens", prefix=True)
     identity.check(want, r.main["output_ids"][: r.k], "MD's copy of the eager tokens", prefix=True)
     with pytest.raises(AssertionError, match="diverges from the single server"):

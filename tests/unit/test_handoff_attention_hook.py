@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from sglang_pdd.config import ENV_TEST_KNOBS, PddConfig
+from sglang_pdd.config import PddConfig
 from sglang_pdd.main.handoff_attention import (CPU_TEST_POLICY, CUDA_POLICY, HandoffAttention, KernelPolicy,
                                                batch_refusal, layer_refusal)
 from sglang_pdd.roles import Role
@@ -158,20 +158,36 @@ def test_a_batch_outside_the_kernels_contract_falls_back_alone(monkeypatch):
     assert attn.records == [("sglang", "arguments"), ("kernel", "")]
 
 
-def test_arm_reads_the_flag_and_the_cpu_test_knob(monkeypatch, tmp_path):
-    knobs = tmp_path / "knobs.json"
-    knobs.write_text(json.dumps({"handoff_kernel_cpu": True}))
-    monkeypatch.setenv(ENV_TEST_KNOBS, str(knobs))
+def test_arm_reads_the_flag_and_takes_the_policy_it_is_given():
     PddConfig(role=Role.MAIN, handoff_attention="sglang").export_env()
     try:
         attn = HandoffAttention(record=lambda *a: None)
-        attn.arm(object(), 1)
+        attn.arm(object(), 1, policy=CPU_TEST_POLICY)
         assert attn.mode == "sglang" and attn.disabled == "off" and attn.policy == CPU_TEST_POLICY
-        knobs.write_text("{}")
         attn.arm(object(), 1)
         assert attn.policy == CUDA_POLICY
     finally:
         PddConfig().export_env()
+
+
+def test_main_runtime_arms_with_the_cpu_policy_under_its_test_knob(tmp_path):
+    from types import SimpleNamespace
+
+    from sglang_pdd.main.runtime import MainRuntime
+    from sglang_pdd.test_switches import TestSwitches
+
+    knobs = tmp_path / "knobs.json"
+    knobs.write_text(json.dumps({"handoff_kernel_cpu": True}))
+    batch = SimpleNamespace(batch_size=lambda: 1)
+    rt = MainRuntime.__new__(MainRuntime)
+    rt.scheduler = SimpleNamespace(dp_attn_adapter=SimpleNamespace(maybe_prepare_mlp_sync_batch=lambda b: b))
+    rt.attention, rt.switches = HandoffAttention(record=lambda *a: None), TestSwitches(knobs_file=str(knobs))
+    rt._select = lambda running: (batch, running)
+    assert rt.next_batch("running") == (batch, "running")
+    assert rt.attention.armed_for is batch and rt.attention.policy == CPU_TEST_POLICY
+    knobs.write_text("{}")
+    rt.next_batch("running")
+    assert rt.attention.policy == CUDA_POLICY
 
 
 @pytest.mark.parametrize("change, reason", [

@@ -109,3 +109,15 @@ def test_any_exception_while_taking_a_request_ends_that_request_not_the_schedule
     decode_hooks.after_add_request_to_queue(None, scheduler, req)
     err = req.error()
     assert err["type"] == "abort" and "RuntimeError: boom" in err["message"]
+
+
+def test_the_drop_eager_kv_knob_marks_the_admitted_request(main, tmp_path):
+    """The negative control is MD's own switch (test knobs + SGLANG_PDD_TESTING), not a request field."""
+    from sglang_pdd.test_switches import TestSwitches
+
+    knobs = tmp_path / "knobs.json"
+    knobs.write_text('{"drop_eager_kv": true}')
+    main.admit(relayed("i", TRUSTED, room=8))
+    main.switches = TestSwitches(knobs_file=str(knobs), testing=True)
+    main.admit(relayed("j", TRUSTED, room=9))
+    assert [p.drop_eager_kv for p in main.handoff.pending.values()] == [False, True]

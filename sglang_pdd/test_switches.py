@@ -1,0 +1,90 @@
+"""TestSwitches: the test-only fault injections and negative controls; all off in production.
+
+Two environment variables (named in `config`) switch them on, read once per process by `from_env`:
+`SGLANG_PDD_TEST_KNOBS` names a JSON file of `TestKnobs`, which `knobs()` re-reads at each use so that a
+test can change them while the server runs (tests/e2e/cluster.py, `PDDServers.set_knobs`), and
+`SGLANG_PDD_TESTING=1`, without which `drop_eager_kv` is ignored. The hooks build the process's one
+instance (`for_process`) and pass it to the constructors that use it; docs/testing.md lists the knobs.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from dataclasses import dataclass, fields
+
+from sglang_pdd.config import ENV_TEST_KNOBS, ENV_TESTING, PddConfigError
+
+
+@dataclass(frozen=True)
+class TestKnobs:
+    """The knobs of a `SGLANG_PDD_TEST_KNOBS` file (each role reads its own)."""
+
+    __test__ = False  # not a pytest test class
+
+    main_write_delay: float = 0.0  # prefill: sleep before each KV write to MainDecode (a slow WAN write)
+    main_extra_skip_pages: int = 0  # prefill: skip this many more pages for MainDecode (negative controls)
+    handoff_kernel_cpu: bool = False  # main: run the handoff attention hook on CPU too (torch reference)
+    packed_skip_unpack: bool = False  # main: leave packed WAN blocks in the landing region (negative control)
+    # relay: answer no Ready before a request has this many output tokens (k >= it; k == it when MD's
+    # Ready came first). Read when the relay admits a request. Forces a handoff with eager tokens
+    # without holding anything back by time.
+    relay_min_eager: int = 0
+    # main (with SGLANG_PDD_TESTING=1): every handoff discards its eager tokens' KV (negative control)
+    drop_eager_kv: bool = False
+    # main: zero the KV of the decode radix-cache prefix a request reuses, once its transfer is done
+    # (negative control of the DRC comparison; corrupts the cache: use on servers about to stop)
+    corrupt_cached_prefix: bool = False
+
+
+@dataclass(frozen=True)
+class TestSwitches:
+    __test__ = False
+
+    knobs_file: str | None = None  # SGLANG_PDD_TEST_KNOBS
+    testing: bool = False  # SGLANG_PDD_TESTING=1
+
+    @classmethod
+    def from_env(cls, environ: dict | None = None) -> TestSwitches:
+        env = environ if environ is not None else os.environ
+        return cls(knobs_file=env.get(ENV_TEST_KNOBS) or None, testing=env.get(ENV_TESTING) == "1")
+
+    @property
+    def on(self) -> bool:
+        """A knobs file is named (else `knobs()` is all defaults and reads nothing)."""
+        return self.knobs_file is not None
+
+    def knobs(self) -> TestKnobs:
+        """The knobs now (defaults without a file, or while the file is missing)."""
+        if self.knobs_file is None:
+            return TestKnobs()
+        return read_knobs(self.knobs_file)
+
+    def drop_eager_kv(self) -> bool:
+        return self.testing and self.on and self.knobs().drop_eager_kv
+
+
+OFF = TestSwitches()
+
+
+@functools.lru_cache(maxsize=1)
+def for_process() -> TestSwitches:
+    """This process's switches, read from its environment on first use."""
+    return TestSwitches.from_env()
+
+
+def read_knobs(path: str) -> TestKnobs:
+    try:
+        with open(path) as f:
+            d = json.load(f)
+    except FileNotFoundError:
+        return TestKnobs()
+    except ValueError as e:
+        raise PddConfigError(f"{ENV_TEST_KNOBS} file {path}: not JSON: {e}") from None
+    types = {f.name: f.type for f in fields(TestKnobs)}
+    unknown = sorted(set(d) - set(types))
+    if unknown:
+        raise PddConfigError(f"{ENV_TEST_KNOBS} file {path}: unknown knobs {unknown}")
+    cast = {"float": float, "int": int, "bool": bool}  # the field annotations (strings here)
+    return TestKnobs(**{k: cast[types[k]](v) for k, v in d.items()})
