@@ -1,5 +1,5 @@
-"""Benchmark tools: the agentic workload generator (shared with the simulator), client, report; the
-handoff microbenchmark; the kernels' benchmarks and compile-only resource report.
+"""Benchmark tools: client, runner, report; the handoff microbenchmark; the kernels' benchmarks and
+compile-only resource report (the workload generator is `sglang_pdd.workload`).
 
 Importing this package is cheap: it imports no submodule, no sglang and no network library.
 """

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     server_flags = ("--pdd-idle-wait-ms", f"{args.idle_wait_ms:g}", "--pdd-transfer-poll-ms",
                     f"{args.transfer_poll_ms:g}")
     if args.export_trace:
-        from sglang_pdd.bench.workload import write_jsonl
+        from sglang_pdd.workload.trace import write_jsonl
 
         reqs = preset.requests()
         write_jsonl(reqs, args.export_trace)

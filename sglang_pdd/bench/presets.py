@@ -20,8 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from sglang_pdd.bench.distributions import HitBucket, HitHistogram, LengthRange
-from sglang_pdd.bench.workload import WorkloadConfig, WorkloadRequest, generate
+from sglang_pdd.workload.distributions import HitBucket, HitHistogram, LengthRange
+from sglang_pdd.workload.generator import WorkloadConfig, generate
+from sglang_pdd.workload.request import WorkloadRequest
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import Callable, Protocol, Sequence
 
 from sglang_pdd.bench.client import StreamResult, greedy_request
 from sglang_pdd.bench.metrics import RequestRecord
-from sglang_pdd.bench.workload import WorkloadRequest
+from sglang_pdd.workload.request import WorkloadRequest
 
 logger = logging.getLogger(__name__)
 

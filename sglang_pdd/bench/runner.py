@@ -20,7 +20,9 @@ from sglang_pdd.bench.metrics import RequestRecord, Summary, WanBytes, summarize
 from sglang_pdd.bench.presets import Preset
 from sglang_pdd.bench.replay import progress_bar, replay, warm_up
 from sglang_pdd.bench.systems import Deployment, make_system
-from sglang_pdd.bench.workload import WorkloadRequest, measured, write_jsonl
+from sglang_pdd.workload.generator import measured
+from sglang_pdd.workload.request import WorkloadRequest
+from sglang_pdd.workload.trace import write_jsonl
 
 logger = logging.getLogger(__name__)
 

@@ -112,7 +112,7 @@ class System(ABC):
         return stream(self.url, body, timeout_s)
 
     def send_warmup(self, body: dict, timeout_s: float) -> StreamResult:
-        """A warm-up: a session's context from before the window (see bench.workload)."""
+        """A warm-up: a session's context from before the window (see sglang_pdd.workload.generator)."""
         return self.send(body, timeout_s)
 
     def kv_bytes_sent(self) -> int | None:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from sglang_pdd.protocol.messages import Finished, Ready, Reject, Tokens, Watch
-from sglang_pdd.router.handoff_mode import HandoffLoad, HandoffMode, HandoffModePolicy
+from sglang_pdd.policy.handoff_mode import HandoffLoad, HandoffMode, HandoffModePolicy
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from sglang_pdd.config import PddConfig
 from sglang_pdd.decode_role import DecodeRole
 from sglang_pdd.protocol.channel import RelayChannel
 from sglang_pdd.relay.handoff import RelayHandoff
-from sglang_pdd.router.handoff_mode import HandoffModeConfig, HandoffModePolicy
+from sglang_pdd.policy.handoff_mode import HandoffModeConfig, HandoffModePolicy
 from sglang_pdd.test_switches import OFF, TestSwitches
 
 logger = logging.getLogger(__name__)

@@ -128,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from sglang_pdd.router.admission import ModelLimits
     from sglang_pdd.router.app import RouterApp
-    from sglang_pdd.router.bandwidth import BandwidthEstimator
-    from sglang_pdd.router.policy import PipelinePolicy, PipelinePolicyConfig
+    from sglang_pdd.policy.bandwidth import BandwidthEstimator
+    from sglang_pdd.policy.pipeline import PipelinePolicy, PipelinePolicyConfig
 
     prefill = PeerPool("prefill", _peer_args(args.prefill, "prefill", 8998, "--prefill"), args.peer_policy)
     relay = PeerPool("relay", _peer_args(args.relay, "relay", None, "--relay"), args.peer_policy)

@@ -16,7 +16,7 @@ import asyncio
 import logging
 
 from sglang_pdd.metrics import parse_exposition
-from sglang_pdd.router.bandwidth import BandwidthEstimator
+from sglang_pdd.policy.bandwidth import BandwidthEstimator
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from sglang_pdd.cache.kv_subscriber import KvEventSource, main_views
 from sglang_pdd.protocol.request import RequestParams, with_params
 from sglang_pdd.router import admission, upstream
 from sglang_pdd.router.peers import Peer, PeerPool
-from sglang_pdd.router.policy import Pipeline, PipelinePolicy, RouteInputs
+from sglang_pdd.policy.pipeline import Pipeline, PipelinePolicy, RouteInputs
 from sglang_pdd.router.stitch import Delta, Stitcher, StitchError
 
 logger = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from sglang_pdd.bench.workload import read_jsonl
+from sglang_pdd.workload.trace import read_jsonl
 from sglang_pdd.sim.metrics import Sla
 from sglang_pdd.sim.model import ModelSpec
 from sglang_pdd.sim.presets import TINY_MODEL, tiny_system

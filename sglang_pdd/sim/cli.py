@@ -60,7 +60,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from sglang_pdd.sim.calibration import calibrate_cli
         return calibrate_cli(args.calibrate, args.trace, s)
     if args.export_trace:
-        from sglang_pdd.bench.workload import generate, write_jsonl
+        from sglang_pdd.workload.generator import generate
+        from sglang_pdd.workload.trace import write_jsonl
         wl = replace(s.workload, request_rate=args.load or s.workload.request_rate)
         reqs = generate(wl)
         write_jsonl(reqs, args.export_trace)

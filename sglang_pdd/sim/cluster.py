@@ -20,10 +20,9 @@ import logging
 import math
 from typing import Iterable, Optional
 
-from sglang_pdd.bench.workload import WorkloadRequest, output_segment
-from sglang_pdd.router.bandwidth import BandwidthEstimator
-from sglang_pdd.router.handoff_mode import HandoffModePolicy
-from sglang_pdd.router.policy import Pipeline, PipelinePolicy, PipelinePolicyConfig, RouteInputs
+from sglang_pdd.policy.bandwidth import BandwidthEstimator
+from sglang_pdd.policy.handoff_mode import HandoffModePolicy
+from sglang_pdd.policy.pipeline import Pipeline, PipelinePolicy, PipelinePolicyConfig, RouteInputs
 from sglang_pdd.sim.cost_model import CostModel
 from sglang_pdd.sim.decode import DecodeInstance
 from sglang_pdd.sim.drc import DecodeRadixCache
@@ -35,6 +34,7 @@ from sglang_pdd.sim.records import RequestRecord
 from sglang_pdd.sim.relay import RelayFlow, RequestState
 from sglang_pdd.sim.systems import Arch, PoolSpec, SystemSpec
 from sglang_pdd.sim.wan import Transfer, WanLink
+from sglang_pdd.workload.request import WorkloadRequest, output_segment
 
 logger = logging.getLogger(__name__)
 

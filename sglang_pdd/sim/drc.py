@@ -4,7 +4,7 @@ Sessions of an agentic workload share little beyond their agent's system prompt,
 is modelled as one cached token sequence per session (the last one MD finished for it), with
 LRU eviction of whole sessions when the token capacity is exceeded. The hit of a new prompt is
 its exact common prefix with the cached sequence (segments compare exactly, see
-`sglang_pdd.bench.workload.common_prefix_len`). A turn that never reaches MD (P->RLD alone)
+`sglang_pdd.workload.request.common_prefix_len`). A turn that never reaches MD (P->RLD alone)
 leaves MD's copy stale: that is how the oscillation of PDD.md §4 arises.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Sequence
 
-from sglang_pdd.bench.workload import Segment, common_prefix_len
+from sglang_pdd.workload.request import Segment, common_prefix_len
 
 
 class DecodeRadixCache:

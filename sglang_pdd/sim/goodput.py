@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Optional
 
-from sglang_pdd.bench.workload import WorkloadConfig
+from sglang_pdd.workload.generator import WorkloadConfig
 from sglang_pdd.sim.hardware import Efficiency
 from sglang_pdd.sim.metrics import Sla, Summary
 from sglang_pdd.sim.model import ModelSpec

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from sglang_pdd.bench.workload import generate
+from sglang_pdd.workload.generator import generate
 from sglang_pdd.sim.cluster import Cluster
 from sglang_pdd.sim.paper import PaperSetting
 from sglang_pdd.sim.runner import typical_context

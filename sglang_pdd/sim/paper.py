@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
-from sglang_pdd.bench.workload import WorkloadConfig
+from sglang_pdd.workload.generator import WorkloadConfig
 from sglang_pdd.sim.goodput import GoodputResult, max_goodput
 from sglang_pdd.sim.hardware import CHIP_A, CHIP_B, Efficiency
 from sglang_pdd.sim.metrics import Sla, Summary

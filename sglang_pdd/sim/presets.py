@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Optional
 
-from sglang_pdd.bench.workload import WorkloadConfig
+from sglang_pdd.workload.generator import WorkloadConfig
 from sglang_pdd.sim.hardware import Chip
 from sglang_pdd.sim.model import ModelSpec
 from sglang_pdd.sim.systems import PoolSpec, SystemSpec, make_system

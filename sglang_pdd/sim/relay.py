@@ -15,13 +15,13 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from sglang_pdd.bench.workload import WorkloadRequest
-from sglang_pdd.router.handoff_mode import HandoffLoad, HandoffMode
-from sglang_pdd.router.policy import Pipeline
+from sglang_pdd.policy.handoff_mode import HandoffLoad, HandoffMode
+from sglang_pdd.policy.pipeline import Pipeline
 from sglang_pdd.sim.cost_model import Chunk
 from sglang_pdd.sim.prefill import PrefillJob
 from sglang_pdd.sim.records import RequestRecord
 from sglang_pdd.sim.wan import Transfer
+from sglang_pdd.workload.request import WorkloadRequest
 
 
 class RequestState:

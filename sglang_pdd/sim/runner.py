@@ -7,7 +7,8 @@ import logging
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from sglang_pdd.bench.workload import WorkloadConfig, WorkloadRequest, generate, measured
+from sglang_pdd.workload.generator import WorkloadConfig, generate, measured
+from sglang_pdd.workload.request import WorkloadRequest
 from sglang_pdd.sim.cluster import Cluster
 from sglang_pdd.sim.hardware import Efficiency
 from sglang_pdd.sim.metrics import Sla, Summary, summarize

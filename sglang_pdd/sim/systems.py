@@ -19,8 +19,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
-from sglang_pdd.router.handoff_mode import HandoffModeConfig, HandoffPolicyKind
-from sglang_pdd.router.policy import RouteBy
+from sglang_pdd.policy.handoff_mode import HandoffModeConfig, HandoffPolicyKind
+from sglang_pdd.policy.pipeline import RouteBy
 from sglang_pdd.sim.hardware import CHIP_A, CHIP_B, Chip
 from sglang_pdd.sim.wan import WanSpec
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from sglang_pdd.bench.workload import read_jsonl
+from sglang_pdd.workload.trace import read_jsonl
 from sglang_pdd.sim.paper import PaperSetting, baseline_spec, pdd_specs
 from sglang_pdd.sim.report import summary_table
 from sglang_pdd.sim.runner import run

@@ -1,6 +1,6 @@
 """The router's bandwidth estimate follows the transfers prefill completed over the WAN paths."""
 
-from sglang_pdd.router.bandwidth import BandwidthEstimator
+from sglang_pdd.policy.bandwidth import BandwidthEstimator
 from sglang_pdd.router.bandwidth_feed import TransferRateFeed, wan_totals
 
 

@@ -7,7 +7,7 @@ import pytest
 from sglang_pdd.bench.client import StreamResult, merge_output_ids, parse_sse_line
 from sglang_pdd.bench.presets import select
 from sglang_pdd.bench.replay import replay, sessions, warm_up
-from sglang_pdd.bench.workload import generate, measured
+from sglang_pdd.workload.generator import generate, measured
 from sglang_pdd.sim.presets import tiny_workload
 
 

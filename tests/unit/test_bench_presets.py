@@ -3,7 +3,7 @@
 from collections import Counter
 
 from sglang_pdd.bench.presets import PRESETS, get_preset, select
-from sglang_pdd.bench.workload import generate, measured
+from sglang_pdd.workload.generator import generate, measured
 from sglang_pdd.sim.presets import tiny_workload
 
 import pytest

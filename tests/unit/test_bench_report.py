@@ -9,7 +9,8 @@ from sglang_pdd.bench.metrics import RequestRecord, WanBytes, summarize
 from sglang_pdd.bench.presets import get_preset
 from sglang_pdd.bench.report import markdown_table, text_table, write_reports
 from sglang_pdd.bench.runner import BenchRun, SystemRun
-from sglang_pdd.bench.workload import measured, write_jsonl
+from sglang_pdd.workload.generator import measured
+from sglang_pdd.workload.trace import write_jsonl
 from sglang_pdd.sim.calibration import calibrate
 
 MODEL_INFO = {"spec": {"layers": 4, "hidden": 512, "heads": 8, "kv_heads": 8, "head_dim": 64,

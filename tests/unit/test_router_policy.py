@@ -2,10 +2,10 @@
 
 import pytest
 
-from sglang_pdd.router.bandwidth import BandwidthEstimator
-from sglang_pdd.router.handoff_mode import (HandoffLoad, HandoffMode, HandoffModeConfig,
+from sglang_pdd.policy.bandwidth import BandwidthEstimator
+from sglang_pdd.policy.handoff_mode import (HandoffLoad, HandoffMode, HandoffModeConfig,
                                             HandoffModePolicy, HandoffPolicyKind)
-from sglang_pdd.router.policy import (Pipeline, PipelinePolicy, PipelinePolicyConfig, RouteBy,
+from sglang_pdd.policy.pipeline import (Pipeline, PipelinePolicy, PipelinePolicyConfig, RouteBy,
                                       RouteInputs)
 
 KV = 50_000

@@ -8,7 +8,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from sglang_pdd.metrics import parse_exposition
 from sglang_pdd.router.app import RouterApp
 from sglang_pdd.router.dispatch import RequestFailed
-from sglang_pdd.router.policy import Pipeline
+from sglang_pdd.policy.pipeline import Pipeline
 from sglang_pdd.router.stitch import Delta
 
 

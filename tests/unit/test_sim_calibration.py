@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from sglang_pdd.bench.workload import generate, write_jsonl
+from sglang_pdd.workload.generator import generate
+from sglang_pdd.workload.trace import write_jsonl
 from sglang_pdd.sim.calibration import calibrate, calibration_report, report_from_records
 from sglang_pdd.sim.cli import main
 from sglang_pdd.sim.metrics import Sla

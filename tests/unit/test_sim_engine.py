@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from sglang_pdd.bench.workload import generate, measured
+from sglang_pdd.workload.generator import generate, measured
 from sglang_pdd.sim.cost_model import CostModel
 from sglang_pdd.sim.decode import DecodeInstance
 from sglang_pdd.sim.engine import EventLoop

@@ -17,7 +17,7 @@ import math
 import logging
 from dataclasses import dataclass
 
-from sglang_pdd.router.bandwidth import BandwidthEstimator
+from sglang_pdd.policy.bandwidth import BandwidthEstimator
 
 logger = logging.getLogger(__name__)
 
