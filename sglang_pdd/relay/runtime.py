@@ -9,6 +9,7 @@ from sglang_pdd import idle_wait, metrics
 from sglang_pdd.config import PddConfig
 from sglang_pdd.decode_role import DecodeRole
 from sglang_pdd.protocol.channel import RelayChannel
+from sglang_pdd.protocol.handoff_finish import HandoffFinish
 from sglang_pdd.relay.handoff import RelayHandoff
 from sglang_pdd.policy.handoff_mode import HandoffModeConfig, HandoffModePolicy
 from sglang_pdd.test_switches import OFF, TestSwitches
@@ -27,7 +28,7 @@ def handoff_finish(k: int, mode: str = "one-shot"):
             self.k, self.mode = k, mode
 
         def to_json(self):
-            return {"type": "pdd_handoff", "handoff_tokens": self.k, "mode": self.mode}
+            return HandoffFinish(handoff_tokens=self.k, mode=self.mode).to_finish()
 
     return FINISH_PDD_HANDOFF(k, mode)
 

@@ -1,17 +1,16 @@
 """One request through the pipeline the policy picks: P->MD, P->RLD->MD, or (odd traffic) P->RLD.
 
-The dispatcher assigns the bootstrap rooms (R for RLD, R2 for MD), sends each role its copy of the
-request at once (P's copy carries `main_room` so its fan-out sender feeds RLD and MD), and turns the
-streams that come back into one sequence of `Delta`s (see `stitch.Stitcher`). It owns the request's
-life on every role: when the client goes away, or anything fails, it aborts the request's copies on
-every role it reached; it never leaves a role waiting.
+The dispatcher plans the bootstrap rooms and each role's copy of the request (`protocol.room_plan`:
+R for RLD, R2 for MD; P's copy carries `main_room` so its fan-out sender feeds RLD and MD), sends
+them at once, and turns the streams that come back into one sequence of `Delta`s (see
+`stitch.Stitcher`). It owns the request's life on every role: when the client goes away, or anything
+fails, it aborts the request's copies on every role it reached; it never leaves a role waiting.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
 
@@ -19,7 +18,7 @@ import aiohttp
 
 from sglang_pdd.cache import CacheView
 from sglang_pdd.cache.kv_subscriber import KvEventSource, main_views
-from sglang_pdd.protocol.request import RequestParams, with_params
+from sglang_pdd.protocol import room_plan
 from sglang_pdd.router import admission, upstream
 from sglang_pdd.router.peers import Peer, PeerPool
 from sglang_pdd.policy.pipeline import Pipeline, PipelinePolicy, RouteInputs
@@ -135,26 +134,13 @@ class Dispatcher:
         rld = self.relay.pick() if pipeline is not Pipeline.P_MD else None
         if rld is not None:
             outcome.rld_in_flight = rld.in_flight
-        room, room2 = random.getrandbits(63), random.getrandbits(63)
-        rid = f"pdd-{room:x}"
-        base = {"input_ids": list(input_ids), "sampling_params": dict(sampling_params), **extra,
-                "bootstrap_host": p.host, "bootstrap_port": p.bootstrap_port}
-        calls: list[tuple[str, Peer, dict]] = []
-        if pipeline is Pipeline.P_MD:
-            calls.append(("prefill", p, {**base, "bootstrap_room": room, "rid": rid + "-p"}))
-            calls.append(("main", md, {**base, "bootstrap_room": room, "rid": rid + "-m"}))
-        else:
-            to_p = {**base, "bootstrap_room": room, "rid": rid + "-p"}
-            if pipeline is Pipeline.P_RLD_MD:
-                to_p = with_params(to_p, RequestParams(v=1, main_room=room2))
-                calls.append(("main", md, with_params({**base, "bootstrap_room": room2, "rid": rid + "-m"},
-                                                       RequestParams(v=1, relay_room=room, relay=rld.token_channel))))
-            calls.append(("prefill", p, to_p))
-            calls.append(("relay", rld, {**base, "bootstrap_room": room, "rid": rid + "-r"}))
-        queues = {name: asyncio.Queue() for name, _, _ in calls if name != "prefill"}
-        # P's failure ends the request too: without P's KV no role can go on
-        tasks = [asyncio.create_task(self._run(name, peer, body, [queues[name]] if name in queues else list(queues.values())))
-                 for name, peer, body in calls]
+        rooms = room_plan.new_rooms()
+        plan = room_plan.plan({"input_ids": list(input_ids), "sampling_params": dict(sampling_params), **extra},
+                              pipeline, p.host, p.bootstrap_port, rld.token_channel if rld is not None else None,
+                              rooms=rooms, rid=f"pdd-{rooms[0]:x}")
+        peers = {"prefill": p, "relay": rld, "main": md}
+        calls = [(name, peers[name], body) for name, body in plan.bodies.items()]
+        queues, tasks = self._start(calls)
         stitcher = Stitcher(self.decode) if rld is not None else Stitcher(self.decode).direct()
         lp: list = []
         try:
@@ -181,6 +167,14 @@ class Dispatcher:
             self._releasing.add(release)
             release.add_done_callback(self._releasing.discard)
             await asyncio.shield(release)
+
+    def _start(self, calls: list[tuple[str, Peer, dict]]) -> tuple[dict[str, asyncio.Queue], list[asyncio.Task]]:
+        """One task per role's copy; RLD's and MD's chunks go to a queue each. P's failure ends the
+        request too (it goes to every queue): without P's KV no role can go on."""
+        queues = {name: asyncio.Queue() for name, _, _ in calls if name != "prefill"}
+        tasks = [asyncio.create_task(self._run(name, peer, body, [queues[name]] if name in queues else list(queues.values())))
+                 for name, peer, body in calls]
+        return queues, tasks
 
     async def _release(self, calls: list[tuple[str, Peer, dict]], tasks: list[asyncio.Task], done: bool) -> None:
         """Cancel the request's role tasks and abort its copies on every role it reached (unless it

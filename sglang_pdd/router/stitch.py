@@ -1,6 +1,6 @@
 """One client stream out of RelayDecode's and MainDecode's: no gap, no duplicate, exact text.
 
-RLD streams t1..tk and ends with the internal `pdd_handoff` finish (k = handoff_tokens); MD's
+RLD streams t1..tk and ends with the internal `pdd_handoff` finish (`protocol.handoff_finish`, k = handoff_tokens); MD's
 output then starts over at t1 (its `output_ids` hold the eager tokens it took over) and goes on. The
 client sees t1..tk from RLD, then MD's tokens from index k on. If RLD finishes the request itself
 (EOS, stop, length), its finish is final and MD's stream is ignored. The handoff finish never
@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-HANDOFF = "pdd_handoff"
+from sglang_pdd.protocol.handoff_finish import HandoffFinish
+
 REPLACEMENT = "\ufffd"
 
 
@@ -81,12 +82,13 @@ class Stitcher:
     def feed_relay(self, output_ids: list[int], finish_reason: dict | None) -> Delta:
         if self.source != "relay":
             raise StitchError("relay output after the handoff")
-        if finish_reason and finish_reason.get("type") == HANDOFF:
-            k = int(finish_reason["handoff_tokens"])
+        handoff = HandoffFinish.from_finish(finish_reason)  # a malformed one raises (a ValueError)
+        if handoff is not None:
+            k = handoff.handoff_tokens
             if k != len(output_ids):
                 raise StitchError(f"relay handed off {k} tokens but streamed {len(output_ids)}")
             self.handoff_k, self.source = k, "main"
-            self.handoff_mode = finish_reason.get("mode")
+            self.handoff_mode = handoff.mode
             return self._advance(output_ids, None)
         return self._advance(output_ids, finish_reason)
 

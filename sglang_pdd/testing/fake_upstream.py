@@ -18,6 +18,7 @@ from typing import Awaitable, Callable
 
 from aiohttp import web
 
+from sglang_pdd.protocol.handoff_finish import HandoffFinish
 from sglang_pdd.router.admission import ModelLimits
 from sglang_pdd.router.peers import Peer, PeerPool
 
@@ -87,7 +88,7 @@ class FakeRole:
         lp = bool(body.get("return_logprob"))
         ids = [token(i) for i in range(n)]
         if self.role == "relay" and 0 < self.handoff_k < n:
-            ends = {self.handoff_k: {"type": "pdd_handoff", "handoff_tokens": self.handoff_k, "mode": "one-shot"}}
+            ends = {self.handoff_k: HandoffFinish(handoff_tokens=self.handoff_k, mode="one-shot").to_finish()}
             n = self.handoff_k
         else:
             ends = {n: {"type": "length", "length": n}}

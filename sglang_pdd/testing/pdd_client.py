@@ -1,19 +1,21 @@
-"""Driving P, RLD and MD by hand, as the PDD router will (and as tests and benchmarks do before it).
+"""Driving P, RLD and MD by hand, as the PDD router does (and as tests and benchmarks do without it).
 
-One relayed request: P gets the prompt twice over one bootstrap server — room R for RLD and, in the
-same body, `custom_params.pdd.main_room = R2` so its fan-out sender also feeds MD (room R2). Until
-the fan-out lands, `fanout=False` sends P a second request for room R2 instead (P's radix cache makes
-it cheap). RLD gets room R; MD gets room R2 with `relay_room = R` and RLD's token-channel address.
+One relayed request, planned as the router plans it (`protocol.room_plan`): P gets the prompt for
+room R and, in the same body, `custom_params.pdd.main_room = R2` so its fan-out sender also feeds MD
+(room R2). `fanout=False` sends P RLD's body (room R, no `main_room`) and a second request, MD's body
+for room R2, instead (P's radix cache makes it cheap). RLD gets room R; MD gets room R2 with
+`relay_room = R` and RLD's token-channel address.
 """
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from dataclasses import dataclass, field
 
-from sglang_pdd.protocol.request import RequestParams, with_params
+from sglang_pdd.policy.pipeline import Pipeline
+from sglang_pdd.protocol import room_plan
+from sglang_pdd.protocol.handoff_finish import HandoffFinish
 from sglang_pdd.testing.client import GenerateError, generate
 
 
@@ -37,7 +39,7 @@ class RelayedResult:
 
     @property
     def handed_over(self) -> bool:
-        return self.relay["meta_info"]["finish_reason"].get("type") == "pdd_handoff"
+        return HandoffFinish.from_finish(self.relay["meta_info"]["finish_reason"]) is not None
 
 
 def held_on_main(url: str) -> float:
@@ -63,14 +65,12 @@ def relayed_generate_many(roles: Roles, bodies: list[dict], *, fanout: bool = Fa
     results: dict[tuple[int, str], object] = {}
     main_calls, relay_calls = [], []
     for i, body in enumerate(bodies):
-        room, room2 = random.getrandbits(63), random.getrandbits(63)
-        boot = {"bootstrap_host": roles.bootstrap_host, "bootstrap_port": roles.bootstrap_port}
-        to_relay = {**body, **boot, "bootstrap_room": room}
-        to_main = with_params({**body, **boot, "bootstrap_room": room2},
-                              RequestParams(v=1, relay_room=room, relay=roles.token_channel, **(main_extra or {})))
+        plan = room_plan.plan(body, Pipeline.P_RLD_MD, roles.bootstrap_host, roles.bootstrap_port,
+                              roles.token_channel, main_params=main_extra)
+        to_relay, to_main = plan.bodies["relay"], plan.bodies["main"]
         main_calls.append((i, "main", roles.main, to_main))
         if fanout:
-            relay_calls.append((i, "prefill", roles.prefill, with_params(to_relay, RequestParams(v=1, main_room=room2))))
+            relay_calls.append((i, "prefill", roles.prefill, plan.bodies["prefill"]))
         else:
             relay_calls.append((i, "prefill", roles.prefill, to_relay))
             main_calls.append((i, "prefill_main", roles.prefill, to_main))
@@ -112,13 +112,13 @@ def _stitch(results: dict, i: int, calls: list) -> RelayedResult:
     if isinstance(results[i, "relay"], Exception):
         raise GenerateError(f"relay: {results[i, 'relay']}")
     relay, main = results[i, "relay"], results[i, "main"]
-    reason = relay["meta_info"]["finish_reason"]
+    handoff = HandoffFinish.from_finish(relay["meta_info"]["finish_reason"])
     if isinstance(main, Exception):
-        if reason.get("type") == "pdd_handoff":
+        if handoff is not None:
             raise GenerateError(f"main: {main}")
         main = {"error": str(main)}  # the relay finished the request; MD's copy was let go
-    if reason.get("type") == "pdd_handoff":
-        k = int(reason["handoff_tokens"])
+    if handoff is not None:
+        k = handoff.handoff_tokens
         tokens = relay["output_ids"][:k] + main["output_ids"][k:]
     else:  # the relay finished the request itself
         k = len(relay["output_ids"])

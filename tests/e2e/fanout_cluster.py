@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import random
 import threading
 import time
 from dataclasses import dataclass
@@ -15,6 +14,8 @@ from dataclasses import dataclass
 import pytest
 
 from sglang_pdd.metrics import parse_exposition
+from sglang_pdd.policy.pipeline import Pipeline
+from sglang_pdd.protocol import room_plan
 from sglang_pdd.testing import identity
 from sglang_pdd.testing.client import generate, greedy_body
 from sglang_pdd.testing.launch_args import ServerConfig
@@ -119,13 +120,13 @@ def with_pdd(body: dict, pdd: object) -> dict:
 def fanout_generate(fan: Fanout, ids: list[int], *, send_main: bool = True, after_relay=None) -> dict:
     """P (room R, main_room R2), relay (R) and main (R2) at once; each result or its exception, and
     when it came back (seconds after sending). `after_relay(out)` runs once the relay answered."""
-    room, room2 = random.getrandbits(63), random.getrandbits(63)
-    body = {**greedy_body(ids, NEW_TOKENS), "bootstrap_host": "127.0.0.1", "bootstrap_port": fan.bootstrap_port}
-    calls = {"prefill": (fan.prefill.url, with_pdd({**body, "bootstrap_room": room}, {"v": 1, "main_room": room2})),
-             "relay": (fan.relay.url, {**body, "bootstrap_room": room})}
+    # the fan-out alone: MD is a plain decode, told of no relay (no token channel)
+    plan = room_plan.plan(greedy_body(ids, NEW_TOKENS), Pipeline.P_RLD_MD, "127.0.0.1", fan.bootstrap_port)
+    main_rid = f"fanout-main-{plan.main_room}"
+    calls = {"prefill": (fan.prefill.url, plan.bodies["prefill"]), "relay": (fan.relay.url, plan.bodies["relay"])}
     if send_main:
-        calls["main"] = (fan.main.url, {**body, "bootstrap_room": room2, "rid": f"fanout-main-{room2}"})
-    out: dict[str, object] = {"main_rid": f"fanout-main-{room2}", "main_body": {**body, "bootstrap_room": room2}}
+        calls["main"] = (fan.main.url, {**plan.bodies["main"], "rid": main_rid})
+    out: dict[str, object] = {"main_rid": main_rid, "main_body": plan.bodies["main"]}
     t0 = time.monotonic()
 
     def call(name: str, url: str, b: dict) -> None:

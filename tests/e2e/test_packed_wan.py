@@ -163,18 +163,19 @@ def test_landing_arena_is_empty_when_idle(packed):
 def test_main_aborted_mid_transfer_quarantines_its_region(packed, reference_server, prompts):
     """Last: P holds the main leg's write back (knob), MD aborts the request meanwhile. Its region is
     quarantined (P might still write into it), nothing else is held, and MD goes on serving."""
-    import random
     import threading
+
+    from sglang_pdd.policy.pipeline import Pipeline
+    from sglang_pdd.protocol import room_plan
 
     from sglang_pdd.testing.client import generate
     from sglang_pdd.testing.servers import http_json
 
     set_knobs("prefill", main_write_delay=3.0)
     ids = prompts.ids(600, seed=706)
-    room, room2 = random.getrandbits(63), random.getrandbits(63)
-    body = {**greedy_body(ids, NEW), "bootstrap_host": packed.bootstrap_host, "bootstrap_port": packed.bootstrap_port}
-    to_p = {**body, "bootstrap_room": room,
-            "sampling_params": {**body["sampling_params"], "custom_params": {"pdd": {"v": 1, "main_room": room2}}}}
+    # the fan-out alone: MD is told of no relay (no token channel)
+    plan = room_plan.plan(greedy_body(ids, NEW), Pipeline.P_RLD_MD, packed.bootstrap_host, packed.bootstrap_port)
+    main_rid = f"packed-abort-{plan.main_room}"
     results: dict = {}
 
     def call(name, url, b):
@@ -184,15 +185,15 @@ def test_main_aborted_mid_transfer_quarantines_its_region(packed, reference_serv
             results[name] = e
 
     threads = [threading.Thread(target=call, args=a) for a in (
-        ("prefill", packed.prefill, to_p), ("relay", packed.relay, {**body, "bootstrap_room": room}),
-        ("main", packed.main, {**body, "bootstrap_room": room2, "rid": f"packed-abort-{room2}"}))]
+        ("prefill", packed.prefill, plan.bodies["prefill"]), ("relay", packed.relay, plan.bodies["relay"]),
+        ("main", packed.main, {**plan.bodies["main"], "rid": main_rid}))]
     for t in threads:
         t.start()
     deadline = time.monotonic() + 60
     while landing(packed.main).get("rooms", 0) < 1 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert landing(packed.main).get("rooms") == 1
-    http_json(packed.main + "/abort_request", {"rid": f"packed-abort-{room2}"})
+    http_json(packed.main + "/abort_request", {"rid": main_rid})
     for t in threads:
         t.join()
     identity.check(ref(reference_server, ids), results["relay"]["output_ids"], "the relay, its main aborted")

@@ -1,0 +1,74 @@
+"""The room plan of one request: its bootstrap rooms and the `/generate` body each role is sent.
+
+P's bootstrap server keys a KV transfer by room. Every body is the input body plus P's bootstrap
+host and port and its room; per pipeline:
+
+* P->MD:      P and MD room R; no PDD parameters.
+* P->RLD->MD: P and RLD room R, MD room R2. P's body carries `main_room=R2` (its fan-out sender
+  feeds MD too); MD's carries `relay_room=R` and RLD's token channel (see `protocol.request`).
+* P->RLD:     P and RLD room R (odd traffic: RLD finishes the request); MD is not asked.
+
+The router (`router/dispatch.py`) plans every request this way; so do the clients that drive the
+roles by hand (`testing/pdd_client.py`, the fan-out and packed-WAN e2e tests).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from sglang_pdd.policy.pipeline import Pipeline
+from sglang_pdd.protocol import PROTOCOL_VERSION
+from sglang_pdd.protocol.request import RequestParams, with_params
+
+RID_SUFFIX = {"prefill": "-p", "relay": "-r", "main": "-m"}
+
+
+@dataclass(frozen=True)
+class RoomPlan:
+    pipeline: Pipeline
+    room: int  # R: P's and RLD's room (MD's too on P->MD)
+    main_room: int  # R2: MD's room on P->RLD->MD (drawn, unused, otherwise)
+    bodies: dict[str, dict]  # role (prefill, relay, main) -> its body, in the order to send them
+
+
+def new_rooms() -> tuple[int, int]:
+    """Two random bootstrap rooms (R, R2) in 0..2^63-1."""
+    return random.getrandbits(63), random.getrandbits(63)
+
+
+def plan(body: dict, pipeline: Pipeline, bootstrap_host: str, bootstrap_port: int,
+         token_channel: str | None = None, *, rooms: tuple[int, int] | None = None,
+         rid: str | None = None, main_params: dict | None = None) -> RoomPlan:
+    """The rooms and per-role bodies of `body` through `pipeline`. `rooms` (R, R2) default to
+    `new_rooms()`; with `rid`, each body gets `rid` plus its role's suffix (-p, -r, -m).
+    `token_channel` is RLD's (tcp://host:port); without it on P->RLD->MD, MD only receives its KV
+    from P's fan-out and is not told of a relay (the fan-out tests). `main_params` adds fields of
+    MD's `RequestParams` (handoff, chunk, ...)."""
+    if main_params and token_channel is None:
+        raise ValueError("main_params go with a relay's token channel")
+    room, room2 = rooms if rooms is not None else new_rooms()
+    base = {**body, "bootstrap_host": bootstrap_host, "bootstrap_port": bootstrap_port}
+
+    def to(role: str, r: int) -> dict:
+        out = {**base, "bootstrap_room": r}
+        if rid is not None:
+            out["rid"] = rid + RID_SUFFIX[role]
+        return out
+
+    bodies: dict[str, dict] = {}
+    if pipeline is Pipeline.P_MD:
+        bodies["prefill"], bodies["main"] = to("prefill", room), to("main", room)
+    elif pipeline is Pipeline.P_RLD_MD:
+        main = to("main", room2)
+        if token_channel is not None:
+            main = with_params(main, RequestParams(v=PROTOCOL_VERSION, relay_room=room, relay=token_channel,
+                                                   **(main_params or {})))
+        bodies["main"] = main
+        bodies["prefill"] = with_params(to("prefill", room), RequestParams(v=PROTOCOL_VERSION, main_room=room2))
+        bodies["relay"] = to("relay", room)
+    elif pipeline is Pipeline.P_RLD:
+        bodies["prefill"], bodies["relay"] = to("prefill", room), to("relay", room)
+    else:
+        raise ValueError(f"no room plan for pipeline {pipeline!r}")
+    return RoomPlan(pipeline, room, room2, bodies)
