@@ -1,4 +1,4 @@
-"""Decisions of the router's pipeline, bandwidth and handoff-mode policies on scripted inputs."""
+"""Decisions of the pipeline, bandwidth and handoff-mode policies (sglang_pdd.policy) on scripted inputs."""
 
 import pytest
 
