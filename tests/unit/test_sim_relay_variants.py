@@ -2,7 +2,7 @@
 
 import pytest
 
-from sglang_pdd.bench.workload import generate, measured
+from sglang_pdd.workload.generator import generate, measured
 from sglang_pdd.sim.colocated_relay import SharedPrefillCost, colocated_system
 from sglang_pdd.sim.cost_model import Chunk, CostModel
 from sglang_pdd.sim.decode import DecodeInstance
