@@ -1,1 +1,1 @@
-"""KV transfer: byte accounting now; the fan-out sender and per-path managers come with the core issue."""
+"""KV transfer on P (and the landing on MD): fan-out sender, main lanes, packed WAN path, accounting."""
