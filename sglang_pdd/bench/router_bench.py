@@ -25,6 +25,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from sglang_pdd.router.peers import Peer, PeerPool
+
 VOCAB = 1024
 
 
@@ -63,7 +65,6 @@ def _serve_router(ports: list[int], port: int, cache_tokens: int) -> None:
     from sglang_pdd.router.admission import ModelLimits
     from sglang_pdd.router.app import RouterApp
     from sglang_pdd.router.dispatch import DispatchConfig, Dispatcher
-    from sglang_pdd.router.peers import Peer, PeerPool
     from sglang_pdd.testing.fake_upstream import CharTokenizer
 
     url = [f"http://127.0.0.1:{p}" for p in ports]
