@@ -259,6 +259,7 @@ class PddConfig:
     def curve_key(self, environ: dict | None = None) -> bytes | None:
         """The token channel's CURVE key (relay: its secret key, main: the relay's public key), or None
         when the channel is not encrypted (protocol.curve)."""
+        # protocol.curve imports zmq; the router and the plugin load config without it
         from sglang_pdd.protocol.curve import ENV_KEY, CurveKeyError, load_key
 
         if self.token_curve == "off":

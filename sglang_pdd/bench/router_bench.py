@@ -45,7 +45,7 @@ def _free_port() -> int:
 
 
 def _serve_upstreams(ports: list[int]) -> None:
-    from aiohttp import web
+    from aiohttp import web  # aiohttp and the router only in the spawned servers
 
     from sglang_pdd.testing.fake_upstream import FakeRole
 
