@@ -25,6 +25,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from sglang_pdd.router.admission import ModelLimits
 from sglang_pdd.router.peers import Peer, PeerPool
 
 VOCAB = 1024
@@ -62,7 +63,6 @@ def _serve_upstreams(ports: list[int]) -> None:
 def _serve_router(ports: list[int], port: int, cache_tokens: int) -> None:
     from aiohttp import web
 
-    from sglang_pdd.router.admission import ModelLimits
     from sglang_pdd.router.app import RouterApp
     from sglang_pdd.router.dispatch import DispatchConfig, Dispatcher
     from sglang_pdd.testing.fake_upstream import CharTokenizer
