@@ -16,6 +16,7 @@ import os
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from sglang_pdd.env_secret import env_or_file
 from sglang_pdd.roles import ROLE_CHOICES, Role
 
 ENV_CONFIG = "SGLANG_PDD_CONFIG"  # JSON of PddConfig, set by the launcher for its children
@@ -243,8 +244,6 @@ class PddConfig:
     def secret(self, environ: dict | None = None) -> bytes:
         """The token channel's shared secret: `SGLANG_PDD_SECRET`, or the contents of the file
         `SGLANG_PDD_SECRET_FILE` names (one trailing newline dropped); relay and main need one."""
-        from sglang_pdd.env_secret import env_or_file
-
         env = environ if environ is not None else os.environ
         try:
             data, source = env_or_file(env, ENV_SECRET, ENV_SECRET_FILE)
@@ -260,6 +259,7 @@ class PddConfig:
     def curve_key(self, environ: dict | None = None) -> bytes | None:
         """The token channel's CURVE key (relay: its secret key, main: the relay's public key), or None
         when the channel is not encrypted (protocol.curve)."""
+        # protocol.curve imports zmq; the router and the plugin load config without it
         from sglang_pdd.protocol.curve import ENV_KEY, CurveKeyError, load_key
 
         if self.token_curve == "off":

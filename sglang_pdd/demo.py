@@ -17,19 +17,18 @@ and plots (see docs/bench.md). Needs root (network namespaces); about 4-5 minute
 from __future__ import annotations
 
 import sys
+import time
+
+from sglang_pdd.bench.__main__ import main as bench_main
 
 DEFAULT_SYSTEMS = "same-dc,cross-dc-drc,pdd,pdd-packed"
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sglang_pdd.bench.__main__ import main as bench_main
-
     argv = list(sys.argv[1:] if argv is None else argv)
     if not any(a == "--systems" or a.startswith("--systems=") for a in argv):
         argv = ["--systems", DEFAULT_SYSTEMS] + argv
     if not any(a == "--out" or a.startswith("--out=") for a in argv):
-        import time
-
         argv += ["--out", f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}"]
     return bench_main(argv)
 

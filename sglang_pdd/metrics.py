@@ -18,7 +18,7 @@ _metrics: dict[str, object] = {}
 def _counter(name: str, doc: str, labels: tuple[str, ...]):
     with _lock:
         if name not in _metrics:
-            from prometheus_client import Counter
+            from prometheus_client import Counter  # not a declared dependency (sglang brings it)
 
             _metrics[name] = Counter(PREFIX + name, doc, labels)
         return _metrics[name]

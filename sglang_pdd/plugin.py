@@ -194,7 +194,7 @@ def load() -> None:
             raise SystemExit(msg)
         raise PluginLoadError(msg)
     _log_capabilities()
-    from sglang_pdd import thread_names
+    from sglang_pdd import thread_names  # ctypes and subprocess: not at plugin import
 
     thread_names.install()  # only with SGLANG_PDD_THREAD_NAMES=1 (the benchmark's servers)
     for h in active_hooks():

@@ -17,9 +17,16 @@ import signal
 import sys
 import time
 
+from sglang_pdd import thread_names
 from sglang_pdd.bench.placement import PLACEMENTS
+from sglang_pdd.bench.plots import write_plots
 from sglang_pdd.bench.presets import PRESETS, get_preset
+from sglang_pdd.bench.repeats import markdown as repeats_md
+from sglang_pdd.bench.report import repeat_aggregate, text_table, write_reports
+from sglang_pdd.bench.runner import run_bench
 from sglang_pdd.bench.systems import parse_systems, system_names
+from sglang_pdd.netns import netns_supported
+from sglang_pdd.workload.trace import write_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -63,25 +70,19 @@ def main(argv: list[str] | None = None) -> int:
     server_flags = ("--pdd-idle-wait-ms", f"{args.idle_wait_ms:g}", "--pdd-transfer-poll-ms",
                     f"{args.transfer_poll_ms:g}")
     if args.export_trace:
-        from sglang_pdd.workload.trace import write_jsonl
-
         reqs = preset.requests()
         write_jsonl(reqs, args.export_trace)
         print(f"wrote {len(reqs)} requests to {args.export_trace}")
         return 0
-    from sglang_pdd.netns import netns_supported
 
     ok, why = netns_supported()
     if not ok:
         print(f"bench: {why} (servers run in the testbed's network namespaces)", file=sys.stderr)
         return 2
-    from sglang_pdd.bench.report import text_table, write_reports
-    from sglang_pdd.bench.runner import run_bench
 
     # SIGTERM (e.g. `timeout`) unwinds like Ctrl-C: servers stopped, testbed down.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     out = args.out or os.path.join("runs", f"bench-{preset.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    from sglang_pdd import thread_names
 
     os.environ[thread_names.ENV] = "1"  # servers (and this process's client threads) name their threads
     thread_names.install()
@@ -89,15 +90,10 @@ def main(argv: list[str] | None = None) -> int:
                     repeats=args.repeat, baseline=baseline, server_flags=server_flags, placement=args.placement)
     paths = write_reports(run, out)
     if not args.no_plots:
-        from sglang_pdd.bench.plots import write_plots
-
         paths.update(write_plots(run, out))
     print()
     print(text_table([s.summary for s in run.systems if s.summary]))
     if args.repeat > 1:
-        from sglang_pdd.bench.report import repeat_aggregate
-        from sglang_pdd.bench.repeats import markdown as repeats_md
-
         print("\n".join(repeats_md(repeat_aggregate(run), baseline, args.repeat)))
     for s in run.systems:
         if s.error:

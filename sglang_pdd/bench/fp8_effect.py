@@ -21,6 +21,7 @@ token agreement as a pessimistic bound and repeat the model part on the real mod
 from __future__ import annotations
 
 import argparse
+import copy
 import glob
 import json
 import logging
@@ -88,8 +89,6 @@ def _greedy(model: Any, cache: Any, first_logits: torch.Tensor, steps: int) -> l
 
 @torch.no_grad()
 def model_effect(model_dir: str, prompts: int, prompt_len: int, steps: int, seed: int) -> dict[str, Any]:
-    import copy
-
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()

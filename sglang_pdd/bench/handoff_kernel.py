@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from sglang_pdd.kernels.handoff_attention import handoff_attention, prepare_handoff_attention, rebind_plan, run_plan
+
 logger = logging.getLogger(__name__)
 
 KS = (1, 8, 32, 64, 256)
@@ -93,8 +95,6 @@ class Problem:
 
 
 def _pdd(p: Problem, out: torch.Tensor) -> tuple[Callable[[], Any], Callable[[], Any]]:
-    from sglang_pdd.kernels.handoff_attention import handoff_attention, prepare_handoff_attention, rebind_plan, run_plan
-
     def call() -> Any:
         return handoff_attention(p.q, p.k_buffer, p.v_buffer, p.req_to_token, p.req_pool_indices, p.prefix_lens,
                                  p.extend_lens, sm_scale=p.sm_scale, page_size=p.page, out=out,

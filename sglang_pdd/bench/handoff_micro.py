@@ -47,6 +47,8 @@ from typing import Any
 from sglang_pdd.bench.handoff_peers import PATHS, Setup
 from sglang_pdd.protocol import messages
 from sglang_pdd.protocol.auth import MAC_LEN
+from sglang_pdd.testbed import Testbed, probe
+from sglang_pdd.testing.tiny_model import TinyModelSpec, build_cached
 
 logger = logging.getLogger(__name__)
 
@@ -164,8 +166,6 @@ def bulk_flow(tb: Any, flows: int = 1, seconds_per_upload: float = 2.0,
               settle_s: float = 1.5) -> Iterator[dict[str, float]]:
     """Competing bulk TCP traffic A->B while inside: `flows` connections, each back-to-back uploads to a
     probe server in B. Yields a dict that gets the flows' summed rate ("mbit") on exit."""
-    from sglang_pdd.testbed import probe
-
     rate = (tb.config.rate_mbit or 1000.0) * 1e6 / 8
     nbytes = int(rate * seconds_per_upload / flows)
     stop = threading.Event()
@@ -207,9 +207,6 @@ def _env(secret: str) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from sglang_pdd.testbed import Testbed
-    from sglang_pdd.testing.tiny_model import TinyModelSpec, build_cached
-
     spec = TinyModelSpec()
     model_dir = build_cached(os.path.join(args.artifacts, "models"), spec)
     setup = Setup(args.tokens, args.prefix_tokens, max(4 * args.tokens, 1024), args.seed,

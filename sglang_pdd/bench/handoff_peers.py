@@ -35,6 +35,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import zmq
+
+from sglang_pdd.bench.handoff_recompute import make_recompute
+from sglang_pdd.bench.mooncake_tcp import MAX_BATCH_SLICES, register, tcp_engine
+from sglang_pdd.kernels.kv_pack import pack_kv, unpack_kv
+from sglang_pdd.kernels.kv_pack_layout import PackLayout
+from sglang_pdd.protocol.channel import MainChannel, RelayChannel
+from sglang_pdd.protocol.messages import Ready, Reject, Tokens
 
 logger = logging.getLogger(__name__)
 
@@ -83,9 +91,6 @@ class KvPool:
     """One side's KV pool and staging buffer, registered with a Mooncake TCP engine on `host`."""
 
     def __init__(self, host: str, setup: Setup, fill: bool):
-        from sglang_pdd.bench.mooncake_tcp import register, tcp_engine
-        from sglang_pdd.kernels.kv_pack_layout import PackLayout
-
         shape = (2 * setup.layers, setup.pool_slots, setup.kv_heads, setup.head_dim)
         g = torch.Generator().manual_seed(setup.seed + 4)
         self.backing = torch.randn(shape, generator=g) if fill else torch.zeros(shape)
@@ -129,11 +134,6 @@ def _secret() -> bytes:
 
 
 def run_rld(host: str, peer: dict[str, Any], setup: Setup) -> None:
-    import zmq
-
-    from sglang_pdd.protocol.channel import RelayChannel
-    from sglang_pdd.protocol.messages import Ready, Tokens
-
     pool = KvPool(host, setup, fill=True)
     ids = setup.eager_ids()
     src_slots, dst_slots = setup.slots("rld"), setup.slots("md").tolist()
@@ -165,8 +165,6 @@ def run_rld(host: str, peer: dict[str, Any], setup: Setup) -> None:
 def _ship(path: str, pool: KvPool, peer: dict[str, Any], setup: Setup, src_slots: torch.Tensor,
           dst_slots: list[int]) -> dict[str, float]:
     """RLD's work for one `Ready` before it sends `Tokens`: nothing, or the eager tokens' KV to MD."""
-    from sglang_pdd.kernels.kv_pack import pack_kv
-
     t: dict[str, float] = {}
     t0 = time.perf_counter()
     if path == "kv_paged":
@@ -190,8 +188,6 @@ def _ship(path: str, pool: KvPool, peer: dict[str, Any], setup: Setup, src_slots
 
 
 def _write_batches(engine: Any, session: str, srcs: list[int], dsts: list[int], lens: list[int]) -> int:
-    from sglang_pdd.bench.mooncake_tcp import MAX_BATCH_SLICES
-
     for i in range(0, len(lens), MAX_BATCH_SLICES):
         rc = engine.batch_transfer_sync_write(session, srcs[i : i + MAX_BATCH_SLICES], dsts[i : i + MAX_BATCH_SLICES],
                                               lens[i : i + MAX_BATCH_SLICES])
@@ -201,8 +197,6 @@ def _write_batches(engine: Any, session: str, srcs: list[int], dsts: list[int], 
 
 
 def _wait_tokens(chan: Any, addr: str, room: int, timeout_s: float) -> Any:
-    from sglang_pdd.protocol.messages import Reject, Tokens
-
     deadline = time.perf_counter() + timeout_s
     while time.perf_counter() < deadline:
         for _, msg in chan.poll():
@@ -215,11 +209,6 @@ def _wait_tokens(chan: Any, addr: str, room: int, timeout_s: float) -> Any:
 
 
 def run_md(host: str, model_dir: str, setup: Setup, engine: str, timeout_s: float) -> None:
-    from sglang_pdd.bench.handoff_recompute import make_recompute
-    from sglang_pdd.kernels.kv_pack import unpack_kv
-    from sglang_pdd.protocol.channel import MainChannel
-    from sglang_pdd.protocol.messages import Ready
-
     pool = KvPool(host, setup, fill=False)
     _emit(pool.describe())
     ids = setup.eager_ids()

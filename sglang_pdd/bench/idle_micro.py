@@ -26,6 +26,7 @@ import threading
 import time
 
 from sglang_pdd.idle_wait import IdleWaiter
+from sglang_pdd.transfer import write_wait
 
 
 def idle_loop(mode: str, seconds: float, wait_ms: float, signals_per_s: float = 20.0, seed: int = 1) -> dict:
@@ -69,8 +70,6 @@ def idle_loop(mode: str, seconds: float, wait_ms: float, signals_per_s: float = 
 
 def mooncake_write(mode: str, mib: int = 128, slices: int = 8, poll_ms: float = 1.0) -> dict:
     import numpy as np
-
-    from sglang_pdd.transfer import write_wait
 
     engines = _engines()
     src, dst = engines

@@ -23,6 +23,11 @@ from typing import Any
 
 import torch
 
+from sglang_pdd.bench.compile_only import H200_MAX_SHARED_BYTES, compile_only, resources
+from sglang_pdd.kernels.handoff_attention import HandoffAttentionConfig, plan_handoff_attention, run_plan
+from sglang_pdd.kernels.kv_pack import launch_pack_kernels
+from sglang_pdd.kernels.kv_pack_layout import PackLayout
+
 logger = logging.getLogger(__name__)
 
 
@@ -58,9 +63,6 @@ def attn_variants(quick: bool) -> list[AttnVariant]:
 
 
 def _compile_attention(v: AttnVariant) -> list[Any]:
-    from sglang_pdd.bench.compile_only import compile_only
-    from sglang_pdd.kernels.handoff_attention import HandoffAttentionConfig, plan_handoff_attention, run_plan
-
     kv_heads = 8 if v.group <= 4 else 4
     hq = kv_heads * v.group
     slots = 64
@@ -79,10 +81,6 @@ def _compile_attention(v: AttnVariant) -> list[Any]:
 
 
 def _compile_pack() -> list[Any]:
-    from sglang_pdd.bench.compile_only import compile_only
-    from sglang_pdd.kernels.kv_pack import launch_pack_kernels
-    from sglang_pdd.kernels.kv_pack_layout import PackLayout
-
     result = []
     for heads, dim in ((8, 128), (8, 64)):
         bufs = [torch.empty((64, heads, dim), dtype=torch.bfloat16) for _ in range(2)]
@@ -99,8 +97,6 @@ def _compile_pack() -> list[Any]:
 
 
 def collect(quick: bool) -> list[dict[str, Any]]:
-    from sglang_pdd.bench.compile_only import H200_MAX_SHARED_BYTES, resources
-
     rows, seen = [], set()
     pairs = [p for v in attn_variants(quick) for p in _compile_attention(v)] + _compile_pack()
     for kernel, label in pairs:

@@ -25,6 +25,9 @@ import sys
 import time
 from dataclasses import dataclass
 
+from sglang_pdd.router.admission import ModelLimits
+from sglang_pdd.router.peers import Peer, PeerPool
+
 VOCAB = 1024
 
 
@@ -43,7 +46,7 @@ def _free_port() -> int:
 
 
 def _serve_upstreams(ports: list[int]) -> None:
-    from aiohttp import web
+    from aiohttp import web  # aiohttp and the router only in the spawned servers
 
     from sglang_pdd.testing.fake_upstream import FakeRole
 
@@ -60,10 +63,8 @@ def _serve_upstreams(ports: list[int]) -> None:
 def _serve_router(ports: list[int], port: int, cache_tokens: int) -> None:
     from aiohttp import web
 
-    from sglang_pdd.router.admission import ModelLimits
     from sglang_pdd.router.app import RouterApp
     from sglang_pdd.router.dispatch import DispatchConfig, Dispatcher
-    from sglang_pdd.router.peers import Peer, PeerPool
     from sglang_pdd.testing.fake_upstream import CharTokenizer
 
     url = [f"http://127.0.0.1:{p}" for p in ports]

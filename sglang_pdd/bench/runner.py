@@ -20,6 +20,8 @@ from sglang_pdd.bench.metrics import RequestRecord, Summary, WanBytes, summarize
 from sglang_pdd.bench.presets import Preset
 from sglang_pdd.bench.replay import progress_bar, replay, warm_up
 from sglang_pdd.bench.systems import Deployment, make_system
+from sglang_pdd.testbed import Testbed
+from sglang_pdd.testing.tiny_model import TinyModelSpec, build_cached
 from sglang_pdd.workload.generator import measured
 from sglang_pdd.workload.request import WorkloadRequest
 from sglang_pdd.workload.trace import write_jsonl
@@ -119,9 +121,6 @@ def run_system(name: str, tb, model_dir: str, reqs: list[WorkloadRequest], prese
 def run_bench(systems: list[str], preset: Preset, out_dir: str, artifacts: str, prefix: str,
               show_progress: bool = True, repeats: int = 1, baseline: str | None = None,
               server_flags: tuple[str, ...] = (), placement: str = "shared") -> BenchRun:
-    from sglang_pdd.testbed import Testbed
-    from sglang_pdd.testing.tiny_model import TinyModelSpec, build_cached
-
     t0 = time.monotonic()
     os.makedirs(out_dir, exist_ok=True)
     model_dir = build_cached(os.path.join(artifacts, "models"), TinyModelSpec())

@@ -35,6 +35,8 @@ from typing import Any
 import torch
 
 from sglang_pdd.bench.mooncake_tcp import MAX_BATCH_SLICES, register, tcp_engine
+from sglang_pdd.kernels.kv_pack import pack_kv, unpack_kv
+from sglang_pdd.kernels.kv_pack_layout import PackLayout
 
 logger = logging.getLogger(__name__)
 
@@ -93,9 +95,6 @@ def _timed_write(engine: Any, session: str, srcs: list[int], dsts: list[int], le
 
 def run_initiator(host: str, peer: dict[str, Any], geo: Geometry, chunks: int, seed: int) -> dict[str, Any]:
     """P's side: build a pool, send the request's KV paged, packed and packed-fp8; return the timings."""
-    from sglang_pdd.kernels.kv_pack import pack_kv, unpack_kv
-    from sglang_pdd.kernels.kv_pack_layout import PackLayout
-
     gen = torch.Generator().manual_seed(seed)
     dtype = DTYPES[geo.dtype]
     slots_per_buf = geo.pool_pages * geo.page_size

@@ -19,7 +19,7 @@ logger = logging.getLogger(__name__)
 def _liveness() -> tuple:
     """ZMQ heartbeats and TCP keepalive on the subscription: an idle flow a middlebox dropped is noticed
     (the connection closes, the view goes stale, ZMQ reconnects) instead of looking connected forever."""
-    import zmq
+    import zmq  # zmq only once subscribed: the router imports this module without it
 
     return ((zmq.LINGER, 0), (zmq.HEARTBEAT_IVL, 10_000), (zmq.HEARTBEAT_TIMEOUT, 30_000),
             (zmq.HEARTBEAT_TTL, 30_000), (zmq.TCP_KEEPALIVE, 1), (zmq.TCP_KEEPALIVE_IDLE, 30),

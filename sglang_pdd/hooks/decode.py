@@ -32,7 +32,7 @@ def runtime(scheduler) -> DecodeRole | None:
 
             rt = RelayRuntime(scheduler, cfg, secret, for_process())
         else:
-            from sglang_pdd.main.runtime import MainRuntime
+            from sglang_pdd.main.runtime import MainRuntime  # torch and the kernels only in a MainDecode process
 
             rt = MainRuntime(scheduler, cfg, secret, for_process())
         rt.start()

@@ -25,7 +25,9 @@ from typing import Any
 
 import torch
 
-from sglang_pdd import config
+from sglang_pdd import config, kernels, metrics
+from sglang_pdd.kernels import KernelArgumentError
+from sglang_pdd.kernels.warmup import warm_up_handoff
 
 logger = logging.getLogger(__name__)
 
@@ -121,8 +123,6 @@ class _Batch:
 
 
 def _record(path: str, reason: str) -> None:
-    from sglang_pdd import metrics
-
     metrics.record_handoff_attention(path, reason)
 
 
@@ -171,7 +171,6 @@ class HandoffAttention:
         if (config.PddConfig.from_env().handoff_attention == "sglang" or not torch.cuda.is_available()
                 or type(pool).__name__ not in POOL_CLASSES or pool.dtype not in self.policy.dtypes):
             return
-        from sglang_pdd.kernels.warmup import warm_up_handoff
 
         try:
             q_heads = scheduler.model_config.num_attention_heads // max(1, getattr(scheduler, "tp_size", 1))
@@ -197,8 +196,6 @@ class HandoffAttention:
                 fb, q, backend, self.armed_size, self.policy, in_graph=_in_graph()))
         reason = b.refusal or layer_refusal(q, k, v, layer, backend.token_to_kv_pool, kwargs, self.policy)
         if reason is None:
-            from sglang_pdd.kernels import KernelArgumentError
-
             try:
                 out = self._run(b, backend, q, k, v, layer, fb, save_kv_cache)
                 b.kernel_layers += 1
@@ -216,8 +213,6 @@ class HandoffAttention:
 
     def _run(self, b: _Batch, backend: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any,
              fb: Any, save_kv_cache: bool) -> torch.Tensor:
-        from sglang_pdd import kernels
-
         pool = backend.token_to_kv_pool
         if save_kv_cache:
             pool.set_kv_buffer(layer, _write_loc(fb, layer), k, v)

@@ -9,7 +9,7 @@ from sglang_pdd import idle_wait, metrics
 from sglang_pdd.config import PddConfig
 from sglang_pdd.decode_role import DecodeRole
 from sglang_pdd.main import extend_batch
-from sglang_pdd.main.handoff import MainHandoff
+from sglang_pdd.main.handoff import Abort, MainHandoff
 from sglang_pdd.main.handoff_attention import ATTENTION, CPU_TEST_POLICY, HandoffAttention
 from sglang_pdd.protocol.channel import MainChannel
 from sglang_pdd.protocol.request import RequestParamsError, parse
@@ -131,8 +131,6 @@ class MainRuntime(DecodeRole):
     def on_abort_request(self, rid: str, message: str | None, abort_all: bool = False) -> None:
         """After sglang's abort_request, which ended the requests still in its own queues (admitted,
         draining): forget those, and end the held ones, which only this runtime sees."""
-        from sglang_pdd.main.handoff import Abort
-
         for p in self.handoff.matching(rid, abort_all):
             held = self.handoff.drop(p.req.rid)
             if held is not None:
@@ -236,7 +234,6 @@ class MainRuntime(DecodeRole):
             batch = extend_batch.build(s, items, final=final)
         except Exception as e:  # a broken handoff ends these requests, never the server
             logger.exception("handoff EXTEND could not be built")
-            from sglang_pdd.main.handoff import Abort
 
             for p in items:
                 self.handoff.drop(p.req.rid)  # a catch-up chunk's request is still pending

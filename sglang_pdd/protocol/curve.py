@@ -22,6 +22,8 @@ import sys
 import zmq
 import zmq.utils.z85
 
+from sglang_pdd.env_secret import env_or_file
+
 ENV_KEY = "SGLANG_PDD_TOKEN_CURVE_KEY"
 ENV_KEY_FILE = ENV_KEY + "_FILE"
 
@@ -32,8 +34,6 @@ class CurveKeyError(ValueError):
 
 def load_key(environ: dict | None = None) -> bytes | None:
     """The configured Z85 key (40 characters), None when neither variable is set."""
-    from sglang_pdd.env_secret import env_or_file
-
     env = environ if environ is not None else os.environ
     try:
         data, source = env_or_file(env, ENV_KEY, ENV_KEY_FILE)

@@ -16,11 +16,19 @@ KV events (MD started with `--kv-events-config '{"publisher": "zmq", "endpoint":
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import sys
 from urllib.parse import urlparse
 
+from aiohttp import web
+
 from sglang_pdd.cache.kv_subscriber import KvEventSource
+from sglang_pdd.policy.bandwidth import BandwidthEstimator
+from sglang_pdd.policy.pipeline import PipelinePolicy, PipelinePolicyConfig
+from sglang_pdd.router.admission import ModelLimits
+from sglang_pdd.router.app import RouterApp
 from sglang_pdd.router.dispatch import PIPELINE_MODES, DispatchConfig, Dispatcher
 from sglang_pdd.router.peers import Peer, PeerPool
 
@@ -110,9 +118,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def kv_bytes_from_config(model_dir: str) -> int:
-    import json
-    import os
-
     with open(os.path.join(model_dir, "config.json")) as f:
         c = json.load(f)
     head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
@@ -123,13 +128,7 @@ def kv_bytes_from_config(model_dir: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="[%(asctime)s] %(name)s: %(message)s")
-    from aiohttp import web
     from transformers import AutoTokenizer
-
-    from sglang_pdd.router.admission import ModelLimits
-    from sglang_pdd.router.app import RouterApp
-    from sglang_pdd.policy.bandwidth import BandwidthEstimator
-    from sglang_pdd.policy.pipeline import PipelinePolicy, PipelinePolicyConfig
 
     prefill = PeerPool("prefill", _peer_args(args.prefill, "prefill", 8998, "--prefill"), args.peer_policy)
     relay = PeerPool("relay", _peer_args(args.relay, "relay", None, "--relay"), args.peer_policy)

@@ -38,7 +38,7 @@ class FirstToken:
 
 class RouterMetrics:
     def __init__(self):
-        from prometheus_client import CollectorRegistry, Counter
+        from prometheus_client import CollectorRegistry, Counter  # not a declared dependency (sglang brings it)
 
         self.registry = CollectorRegistry()
         self.requests = Counter("sglang_pdd_router_requests", "Requests by pipeline and outcome",

@@ -57,7 +57,7 @@ class TransferRateFeed:
                 self.samples += 1
 
     async def poll_forever(self, session, urls: list[str], interval_s: float = 2.0) -> None:
-        import aiohttp
+        import aiohttp  # not a declared dependency; only the router process needs it
 
         while True:
             for url in urls:

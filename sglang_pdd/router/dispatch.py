@@ -22,6 +22,7 @@ from sglang_pdd.protocol import room_plan
 from sglang_pdd.router import admission, upstream
 from sglang_pdd.router.peers import Peer, PeerPool
 from sglang_pdd.policy.pipeline import Pipeline, PipelinePolicy, RouteInputs
+from sglang_pdd.router.bandwidth_feed import TransferRateFeed
 from sglang_pdd.router.stitch import Delta, Stitcher, StitchError
 
 logger = logging.getLogger(__name__)
@@ -89,8 +90,6 @@ class Dispatcher:
         for sub in self.kv_subscribers:
             sub.start()
         if self.policy is not None and self.cfg.bandwidth_poll_s > 0:
-            from sglang_pdd.router.bandwidth_feed import TransferRateFeed
-
             self.feed = TransferRateFeed(self.policy.bandwidth)
             self._feed_task = asyncio.create_task(self.feed.poll_forever(
                 self.session, [p.url for p in self.prefill.peers], self.cfg.bandwidth_poll_s))

@@ -10,9 +10,20 @@ import time
 from dataclasses import replace
 from typing import Optional, Sequence
 
+from sglang_pdd.sim.bathtub import bathtub_report, run_bathtub
+from sglang_pdd.sim.calibration import calibrate_cli
+from sglang_pdd.sim.export import paper_json
 from sglang_pdd.sim.metrics import Sla
+from sglang_pdd.sim.oscillation import oscillation_report, run_oscillation
 from sglang_pdd.sim.paper import PaperSetting, run_paper
+from sglang_pdd.sim.plots import plot_bathtub, plot_oscillation, plot_paper, plot_wan_sweep
+from sglang_pdd.sim.relay_regimes import relay_regimes_report, run_relay_regimes
 from sglang_pdd.sim.report import paper_report
+from sglang_pdd.sim.sizing import sizing_report
+from sglang_pdd.sim.trace_run import run_trace
+from sglang_pdd.sim.wan_sweep import run_wan_sweep, wan_sweep_report
+from sglang_pdd.workload.generator import generate
+from sglang_pdd.workload.trace import write_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -57,57 +68,43 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     s = _setting(args)
     t0 = time.time()
     if args.calibrate:
-        from sglang_pdd.sim.calibration import calibrate_cli
         return calibrate_cli(args.calibrate, args.trace, s)
     if args.export_trace:
-        from sglang_pdd.workload.generator import generate
-        from sglang_pdd.workload.trace import write_jsonl
         wl = replace(s.workload, request_rate=args.load or s.workload.request_rate)
         reqs = generate(wl)
         write_jsonl(reqs, args.export_trace)
         print(f"wrote {len(reqs)} requests to {args.export_trace}")
         return 0
     if args.scenario == "trace":
-        from sglang_pdd.sim.trace_run import run_trace
         if not args.trace:
             ap.error("--scenario trace needs --trace TRACE.jsonl")
         print(run_trace(s, args.trace, args.systems.split(",")))
     elif args.sizing:
-        from sglang_pdd.sim.sizing import sizing_report
         print(sizing_report(s, args.load))
     elif args.scenario == "paper":
         res = run_paper(s)
         print(paper_report(res))
         if args.json:
-            from sglang_pdd.sim.export import paper_json
             with open(args.json, "w", encoding="utf-8") as f:
                 json.dump(paper_json(res), f, indent=1)
         if args.plots:
-            from sglang_pdd.sim.plots import plot_paper
             plot_paper(res, args.plots)
     elif args.scenario == "bathtub":
-        from sglang_pdd.sim.bathtub import bathtub_report, run_bathtub
         res = run_bathtub(s)
         print(bathtub_report(res))
         if args.plots:
-            from sglang_pdd.sim.plots import plot_bathtub
             plot_bathtub(res, args.plots)
     elif args.scenario == "oscillation":
-        from sglang_pdd.sim.oscillation import oscillation_report, run_oscillation
         res = run_oscillation(s)
         print(oscillation_report(res))
         if args.plots:
-            from sglang_pdd.sim.plots import plot_oscillation
             plot_oscillation(res, args.plots)
     elif args.scenario == "wan-sweep":
-        from sglang_pdd.sim.wan_sweep import run_wan_sweep, wan_sweep_report
         res = run_wan_sweep(s)
         print(wan_sweep_report(res))
         if args.plots:
-            from sglang_pdd.sim.plots import plot_wan_sweep
             plot_wan_sweep(res, args.plots)
     elif args.scenario == "relay-variants":
-        from sglang_pdd.sim.relay_regimes import relay_regimes_report, run_relay_regimes
         print(relay_regimes_report(run_relay_regimes(s)))
     print(f"\n(total wall time {time.time() - t0:.1f} s)", file=sys.stderr)
     return 0

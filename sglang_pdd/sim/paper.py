@@ -13,9 +13,11 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
+from sglang_pdd.sim.cluster import decode_max_batch
+from sglang_pdd.sim.cost_model import CostModel
 from sglang_pdd.workload.generator import WorkloadConfig
 from sglang_pdd.sim.goodput import GoodputResult, max_goodput
-from sglang_pdd.sim.hardware import CHIP_A, CHIP_B, Efficiency
+from sglang_pdd.sim.hardware import CHIP_A, CHIP_B, Efficiency, InstanceSpec
 from sglang_pdd.sim.metrics import Sla, Summary
 from sglang_pdd.sim.model import PAPER_MOE, ModelSpec
 from sglang_pdd.sim.runner import cached_workload, run_workload
@@ -79,9 +81,6 @@ def assumptions(s: PaperSetting) -> list[str]:
 
 
 def _batches(s: PaperSetting) -> str:
-    from sglang_pdd.sim.cluster import decode_max_batch
-    from sglang_pdd.sim.cost_model import CostModel
-    from sglang_pdd.sim.hardware import InstanceSpec
     w = s.workload
     ctx = int(w.input_len.mean + w.output_len.mean / 2)
     out = []

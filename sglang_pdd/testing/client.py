@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import random
 import threading
+import time
+import urllib.request
 
 from sglang_pdd.testing.servers import http_json
 
@@ -64,10 +67,6 @@ def fake_transfer_generate(decode_url: str, body: dict) -> dict:
 
 def stream_generate(url: str, body: dict, timeout: float = 300.0) -> dict:
     """Streamed `/generate`; returns the final chunk plus `ttft_s` and `e2e_s` seen by the client."""
-    import json
-    import time
-    import urllib.request
-
     req = urllib.request.Request(url.rstrip("/") + "/generate", data=json.dumps({**body, "stream": True}).encode(),
                                  headers={"Content-Type": "application/json"})
     t0 = time.monotonic()

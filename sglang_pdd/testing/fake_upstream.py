@@ -17,9 +17,12 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 
 from sglang_pdd.protocol.handoff_finish import HandoffFinish
 from sglang_pdd.router.admission import ModelLimits
+from sglang_pdd.router.app import RouterApp
+from sglang_pdd.router.dispatch import DispatchConfig, Dispatcher
 from sglang_pdd.router.peers import Peer, PeerPool
 
 
@@ -151,8 +154,6 @@ class FakeCluster:
     servers: list = field(default_factory=list)
 
     async def __aenter__(self) -> "FakeCluster":
-        from aiohttp.test_utils import TestServer
-
         for r in (self.prefill, self.relay, self.main):
             s = TestServer(r.app())
             await s.start_server()
@@ -179,11 +180,6 @@ async def router_client(cluster: FakeCluster, pipeline: str = "direct", idle_s: 
                         limits: ModelLimits = ModelLimits(vocab_size=1024, context_len=1 << 16),
                         tokenizer=None, max_body_bytes: int = 64 << 20):
     """A test client on a real router (Dispatcher + RouterApp) in front of `cluster`."""
-    from aiohttp.test_utils import TestClient, TestServer
-
-    from sglang_pdd.router.app import RouterApp
-    from sglang_pdd.router.dispatch import DispatchConfig, Dispatcher
-
     tok = tokenizer or CharTokenizer()
     cfg = DispatchConfig(pipeline, request_timeout_s=max(60.0, idle_s), bandwidth_poll_s=0,
                          idle_timeout_s={r: idle_s for r in ("prefill", "relay", "main")})

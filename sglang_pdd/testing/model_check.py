@@ -23,6 +23,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from sglang_pdd.testing.tiny_model import build_cached
+
 LENGTHS = (1, 2, 7, 33, 150, 600, 1200, 2000, 3000, 4000)
 FIRST_ID = 7  # IDs below are the tokenizer's special tokens
 
@@ -174,8 +176,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     model_dir = args.model_dir
     if model_dir is None:
-        from sglang_pdd.testing.tiny_model import build_cached
-
         model_dir = build_cached(".artifacts/models")
     fig = measure(load(model_dir), trials=args.trials)
     for line in fig.lines() + [f"FAILS: {f}" for f in fig.failures()]:

@@ -13,10 +13,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from sglang_pdd.metrics import parse_exposition
 from sglang_pdd.policy.pipeline import Pipeline
 from sglang_pdd.protocol import room_plan
 from sglang_pdd.protocol.handoff_finish import HandoffFinish
 from sglang_pdd.testing.client import GenerateError, generate
+from sglang_pdd.testing.servers import http_json
 
 
 @dataclass
@@ -44,9 +46,6 @@ class RelayedResult:
 
 def held_on_main(url: str) -> float:
     """MD's gauge of requests whose KV landed and that wait for RLD's tokens."""
-    from sglang_pdd.metrics import parse_exposition
-    from sglang_pdd.testing.servers import http_json
-
     status, text = http_json(url + "/metrics")
     return sum(parse_exposition(text, "sglang_pdd_handoff_held_requests").values()) if status == 200 else 0.0
 

@@ -23,7 +23,10 @@ import json
 import os
 import random
 import sys
+import time
 from dataclasses import asdict, dataclass
+
+from sglang_pdd.testing.context_model import ContextWeights, construct
 
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>"]
 CHAT_TEMPLATE = (
@@ -65,8 +68,6 @@ class TinyModelSpec:
     def fingerprint(self) -> str:
         parts = [f"{v}" for v in asdict(self).values()]
         if self.weights == "context":  # the construction's knobs and version are part of the model
-            from sglang_pdd.testing.context_model import ContextWeights
-
             parts.append(hashlib.sha256(repr(ContextWeights()).encode()).hexdigest()[:8])
         return "-".join(parts)
 
@@ -110,12 +111,8 @@ def build_tokenizer(spec: TinyModelSpec):
 
 def build(out_dir: str, spec: TinyModelSpec = TinyModelSpec()) -> dict:
     """Write the model and tokenizer into `out_dir`; return a summary (config + KV bytes/token)."""
-    import time
-
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    from sglang_pdd.testing.context_model import ContextWeights, construct
 
     t0 = time.monotonic()
     os.makedirs(out_dir, exist_ok=True)

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from sglang_pdd.kernels.kv_pack_layout import PACKABLE_DTYPES, PackLayout
+from sglang_pdd.kernels.warmup import warm_up_pack
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +88,6 @@ def warm_up(manager: Any, fp8: bool) -> None:
     view = view_of(manager)
     if not isinstance(view, KVPoolView) or view.device.type != "cuda":
         return
-    from sglang_pdd.kernels.warmup import warm_up_pack
 
     geo = view.geometry()
     try:
