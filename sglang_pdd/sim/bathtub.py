@@ -20,10 +20,9 @@ from typing import Optional
 
 import numpy as np
 
-from sglang_pdd.sim.cluster import decode_max_batch
+from sglang_pdd.sim.cluster import decode_max_batch, pool_cost
 from sglang_pdd.sim.cost_model import CostModel
 from sglang_pdd.sim.engine import EventLoop
-from sglang_pdd.sim.hardware import InstanceSpec
 from sglang_pdd.sim.paper import PaperSetting, baseline_spec, pdd_specs
 from sglang_pdd.sim.prefill import PrefillInstance, PrefillJob
 from sglang_pdd.sim.report import table
@@ -85,15 +84,14 @@ def run_bathtub(s: PaperSetting = PaperSetting(), hits: Optional[np.ndarray] = N
     for sp in systems:
         for pool in (sp.prefill, sp.decode):
             key = (pool.chip.name, pool.chips_per_instance)
-            costs[key] = CostModel(s.model, InstanceSpec(pool.chip, pool.chips_per_instance, s.eff))
+            costs[key] = pool_cost(s.model, pool, s.eff)
     tpot = s.sla.tpot_s * 0.8
     d_cap = {sp.name: decode_rps(costs[(sp.decode.chip.name, sp.decode.chips_per_instance)],
                                  sp.decode, length, out, tpot) for sp in systems}
     points = []
     p_cost = costs[(systems[0].prefill.chip.name, systems[0].prefill.chips_per_instance)]
     p_pool = systems[0].prefill
-    p_cost_hi = CostModel(s.model, InstanceSpec(p_pool.chip, p_pool.chips_per_instance,
-                                                replace(s.eff, step_overhead_s=high_overhead_s)))
+    p_cost_hi = pool_cost(s.model, p_pool, replace(s.eff, step_overhead_s=high_overhead_s))
     for h in hits:
         hs = np.clip(h + rng.uniform(-spread, spread, samples), 0.0, 0.999)
         p1 = prefill_rps(p_cost, hs, length, systems[0].chunk_size, False)

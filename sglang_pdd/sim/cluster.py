@@ -52,6 +52,11 @@ def decode_max_batch(cost: CostModel, pool: PoolSpec, context_tokens: int, tpot_
     return b
 
 
+def pool_cost(model: ModelSpec, pool: PoolSpec, eff: Efficiency) -> CostModel:
+    """The cost model of one instance of `pool`."""
+    return CostModel(model, InstanceSpec(pool.chip, pool.chips_per_instance, eff))
+
+
 class Cluster(RelayFlow):
     def __init__(self, spec: SystemSpec, model: ModelSpec, eff: Efficiency = Efficiency(),
                  context_tokens: int = 65_000, tpot_target_s: float = 0.1):
@@ -59,13 +64,10 @@ class Cluster(RelayFlow):
         self.kv = model.kv_bytes_per_token
         lp = self.loop
 
-        def costs(pool: PoolSpec) -> CostModel:
-            return CostModel(model, InstanceSpec(pool.chip, pool.chips_per_instance, eff))
-
-        pc = costs(spec.prefill)
+        pc = pool_cost(model, spec.prefill, eff)
         self.P = [PrefillInstance(lp, pc, f"P{i}", spec.chunk_size, spec.tail_chunk_batching,
                                   self._prefilled) for i in range(spec.prefill.instances)]
-        dc = costs(spec.decode)
+        dc = pool_cost(model, spec.decode, eff)
         self.d_batch = decode_max_batch(dc, spec.decode, context_tokens, tpot_target_s)
         self.D = [DecodeInstance(lp, dc, f"D{i}", self.d_batch) for i in range(spec.decode.instances)]
         self.R: list[DecodeInstance] = []
@@ -172,7 +174,7 @@ class Cluster(RelayFlow):
 
     # ----- hooks (the relay variants of `elastic_relay` and `colocated_relay` override them) -----
     def _relay_cost(self, model: ModelSpec, pool: PoolSpec, eff: Efficiency) -> CostModel:
-        return CostModel(model, InstanceSpec(pool.chip, pool.chips_per_instance, eff))
+        return pool_cost(model, pool, eff)
 
     def _route(self, w: WorkloadRequest, md_hit: int) -> tuple[Pipeline, str]:
         if self.policy is None:

@@ -19,10 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import ClassVar, Sequence
 
-from sglang_pdd.sim.cluster import Cluster
+from sglang_pdd.sim.cluster import Cluster, pool_cost
 from sglang_pdd.sim.cost_model import Chunk, CostModel
 from sglang_pdd.sim.decode import DecodeInstance
-from sglang_pdd.sim.hardware import InstanceSpec
 from sglang_pdd.sim.systems import PoolSpec, SystemSpec
 
 
@@ -63,7 +62,7 @@ class ColocatedCluster(Cluster):
     def _relay_cost(self, model, pool, eff) -> CostModel:
         s = self.spec
         shared = replace(eff, mfu=eff.mfu * s.share, mbu=eff.mbu / (1.0 + s.interference))
-        return CostModel(model, InstanceSpec(pool.chip, pool.chips_per_instance, shared))
+        return pool_cost(model, pool, shared)
 
     def _pick_rld(self, st) -> int:
         return st.p

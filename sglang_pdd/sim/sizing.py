@@ -13,9 +13,8 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Optional
 
-from sglang_pdd.sim.cluster import decode_max_batch
-from sglang_pdd.sim.cost_model import CostModel
-from sglang_pdd.sim.hardware import CHIP_A, CHIP_B, InstanceSpec
+from sglang_pdd.sim.cluster import decode_max_batch, pool_cost
+from sglang_pdd.sim.hardware import CHIP_A, CHIP_B
 from sglang_pdd.sim.metrics import Summary
 from sglang_pdd.sim.paper import PaperSetting
 from sglang_pdd.sim.report import summary_table
@@ -34,7 +33,7 @@ class SizingResult:
 
 
 def _decode_rps(s: PaperSetting, pool: PoolSpec, ctx: int, out: float) -> float:
-    cost = CostModel(s.model, InstanceSpec(pool.chip, pool.chips_per_instance, s.eff))
+    cost = pool_cost(s.model, pool, s.eff)
     b = decode_max_batch(cost, pool, ctx, s.sla.tpot_s * 0.8)
     return pool.instances * b / (out * cost.decode_step_s(b, b * ctx))
 
