@@ -12,7 +12,7 @@ from __future__ import annotations
 import msgspec
 
 from sglang_pdd.protocol import PROTOCOL_VERSION
-from sglang_pdd.protocol.messages import HANDOFF_MODES
+from sglang_pdd.protocol.messages import CHOSEN_MODES
 
 TYPE = "pdd_handoff"
 
@@ -52,6 +52,6 @@ class HandoffFinish(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag
             out = msgspec.convert(finish, cls)
         except msgspec.ValidationError as e:
             raise HandoffFinishError(f"{TYPE} finish: {e}") from None
-        if out.handoff_tokens < 0 or (out.mode is not None and out.mode not in HANDOFF_MODES[:2]):
+        if out.handoff_tokens < 0 or (out.mode is not None and out.mode not in CHOSEN_MODES):
             raise HandoffFinishError(f"{TYPE} finish: {out.handoff_tokens} tokens, mode {out.mode!r}")
         return out

@@ -44,6 +44,7 @@ class Watch(_Msg, tag="watch"):
 
 
 HANDOFF_MODES = ("one-shot", "catch-up", "adaptive")
+CHOSEN_MODES = HANDOFF_MODES[:2]  # what a relay hands off with (adaptive is a request, not a choice)
 MAX_CHUNK = 1 << 16
 
 
@@ -98,7 +99,7 @@ def decode(data: bytes, vocab_size: int | None = None) -> Message:
                                    or msg.md_batch < 0 or (msg.mode != "one-shot" and msg.chunk < 1)):
         raise ProtocolError("malformed", f"ready: mode {msg.mode!r}, have {msg.have}, chunk {msg.chunk}, gap {msg.gap}")
     if isinstance(msg, Tokens):
-        if msg.start < 0 or len(msg.ids) > MAX_TOKENS_PER_MESSAGE or msg.mode not in HANDOFF_MODES[:2] or (
+        if msg.start < 0 or len(msg.ids) > MAX_TOKENS_PER_MESSAGE or msg.mode not in CHOSEN_MODES or (
                 msg.logprobs is not None and len(msg.logprobs) != len(msg.ids)):
             raise ProtocolError("malformed", f"tokens: start {msg.start}, {len(msg.ids)} ids")
         if vocab_size is not None and any(t < 0 or t >= vocab_size for t in msg.ids):
