@@ -12,7 +12,7 @@ The bill counts the P and MD pools only; the relay's price is the prefill it doe
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import ClassVar, Optional
+from typing import ClassVar
 
 from sglang_pdd.sim.cluster import Cluster
 from sglang_pdd.sim.systems import PoolSpec, SystemSpec
@@ -32,9 +32,7 @@ class ElasticCluster(Cluster):
         self.role = "P"  # P | drain | to-rld | RLD | to-p
         self.switches = 0  # P -> RLD switches started
         self.fallbacks = 0  # relayed routes served P->MD because the relay was not up
-        self.off_p_s = 0.0  # time the host spent out of the P role (closed intervals)
-        self._left_p_at: Optional[float] = None
-        self.spells: list[list] = []  # [left P at, back in P at or None]
+        self.spells: list[list] = []  # the host's times out of the P role: [left P at, back in P at or None]
         self._idle_since = 0.0
 
     # ----- routing hooks -----
@@ -55,7 +53,6 @@ class ElasticCluster(Cluster):
     def _switch_in(self) -> None:
         self.role = "drain"
         self.switches += 1
-        self._left_p_at = self.loop.now
         self.spells.append([self.loop.now, None])
         self._poll_drain()
 
@@ -89,15 +86,13 @@ class ElasticCluster(Cluster):
 
     def _p_up(self) -> None:
         self.role = "P"
-        self.off_p_s += self.loop.now - self._left_p_at
         self.spells[-1][1] = self.loop.now
-        self._left_p_at = None
         self.P[self.host]._kick()
 
     def off_p_share(self, span_s: float) -> float:
         """Share of `span_s` the host spent out of the P role (an open interval counts to now)."""
-        open_s = self.loop.now - self._left_p_at if self._left_p_at is not None else 0.0
-        return (self.off_p_s + open_s) / span_s if span_s > 0 else 0.0
+        off_s = sum((self.loop.now if back is None else back) - left for left, back in self.spells)
+        return off_s / span_s if span_s > 0 else 0.0
 
 
 @dataclass(frozen=True)
