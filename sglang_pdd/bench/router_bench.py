@@ -20,13 +20,13 @@ import asyncio
 import multiprocessing as mp
 import os
 import random
-import socket
 import sys
 import time
 from dataclasses import dataclass
 
 from sglang_pdd.router.admission import ModelLimits
 from sglang_pdd.router.peers import Peer, PeerPool
+from sglang_pdd.testing.servers import free_port
 
 VOCAB = 1024
 
@@ -37,12 +37,6 @@ class Row:
     output: int  # tokens (= chunks)
     cache: int  # tokens in the router's MD view before the row
     requests: int
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _serve_upstreams(ports: list[int]) -> None:
@@ -131,7 +125,7 @@ async def _load(url: str, row: Row, concurrency: int, seed: int) -> tuple[float,
 
 def run_row(row: Row, concurrency: int) -> dict:
     ctx = mp.get_context("spawn")
-    ports, rport = [_free_port() for _ in range(3)], _free_port()
+    ports, rport = [free_port() for _ in range(3)], free_port()
     up = ctx.Process(target=_serve_upstreams, args=(ports,), daemon=True)
     router = ctx.Process(target=_serve_router, args=(ports, rport, row.cache), daemon=True)
     up.start()

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import time
 import urllib.error
@@ -30,6 +31,13 @@ class Launchable(Protocol):
     def argv(self) -> list[str]: ...
 
     def environ(self) -> dict[str, str]: ...
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on now (the OS's pick)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 class ServerStartError(RuntimeError):

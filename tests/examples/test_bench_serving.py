@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 
 import pytest
+
+from sglang_pdd.testing.launch_args import PddRouterConfig
+from sglang_pdd.testing.servers import ServerProcess, free_port
 
 from .conftest import EXAMPLES, REPO
 from .fake_router import running_roles
@@ -23,30 +23,11 @@ DATASET = os.path.join(HERE, "sharegpt-offline.json")
 PROMPTS, OUTPUT_LEN = 6, 12
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def env() -> dict:
     e = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
     e.pop("SGLANG_IS_IN_CI", None)  # would make bench_serving POST /flush_cache, which the router lacks
     e["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, e.get("PYTHONPATH")) if p)
     return e
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        assert proc.poll() is None, f"the router exited with {proc.returncode}"
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.3)
-    raise AssertionError(f"the router at {url} did not answer /health within {timeout_s}s")
 
 
 def test_the_shipped_dataset_is_what_its_generator_writes():
@@ -67,13 +48,11 @@ def test_bench_serving_runs_offline_against_the_router(tiny_model, tmp_path, bac
     url = f"http://127.0.0.1:{port}"
     with running_roles() as cl:
         p, rld, md = cl.urls
-        router = subprocess.Popen(
-            [sys.executable, "-m", "sglang_pdd.router", "--prefill", p, "8998", "--relay", rld, "18500",
-             "--main", md, "--tokenizer", tiny_model, "--port", str(port), "--pipeline", "relay",
-             "--bandwidth-poll-s", "0", "--log-level", "warning"],
-            env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        router = ServerProcess("router", PddRouterConfig(
+            prefill=[(p, 8998)], relay=[(rld, 18500)], main=[md], tokenizer=tiny_model, port=port,
+            extra=["--bandwidth-poll-s", "0", "--log-level", "warning"]), str(tmp_path)).start()
         try:
-            wait_healthy(url, router)
+            router.wait_ready(timeout_s=60)
             out = tmp_path / "bench.jsonl"
             r = subprocess.run(
                 [sys.executable, "-m", "sglang.bench_serving", "--backend", backend, "--base-url", url,
@@ -83,9 +62,9 @@ def test_bench_serving_runs_offline_against_the_router(tiny_model, tmp_path, bac
                  "--disable-tqdm", "--output-file", str(out)],
                 env=env(), capture_output=True, text=True, timeout=240, cwd=tmp_path)
         finally:
-            router.terminate()
-            log = router.communicate(timeout=30)[0]
-        assert r.returncode == 0, f"bench_serving failed:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}\nrouter:\n{log[-2000:]}"
+            router.stop()
+        assert r.returncode == 0, (f"bench_serving failed:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}\n"
+                                   f"router:\n{router.log_tail()}")
         (result,) = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
         assert result["completed"] == PROMPTS, r.stdout[-4000:]
         assert result["total_output_tokens"] == PROMPTS * OUTPUT_LEN

@@ -4,7 +4,6 @@ replayed, a dropped connection), a view per main, and the router's command line 
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 
 import pytest
@@ -12,20 +11,15 @@ import pytest
 from sglang_pdd.cache.exact_view import ExactCacheView
 from sglang_pdd.cache.kv_subscriber import KvEventSource, KvEventSubscriber, main_views
 from sglang_pdd.cache.prefix_view import PrefixView
+from sglang_pdd.testing.servers import free_port
 from tests.unit.kv_event_frames import chain, msg, removed
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_the_subscriber_follows_sglangs_zmq_publisher_and_replays_what_it_missed():
     kv = pytest.importorskip("sglang.srt.disaggregation.kv_events")
     from sglang.srt.mem_cache.events import StorageMedium
 
-    pub_port, replay_port = _free_port(), _free_port()
+    pub_port, replay_port = free_port(), free_port()
     pub = kv.ZmqEventPublisher(attn_dp_rank=0, endpoint=f"tcp://127.0.0.1:{pub_port}", bind=True,
                                replay_endpoint=f"tcp://127.0.0.1:{replay_port}")
 
@@ -95,7 +89,7 @@ def test_router_cli_takes_one_kv_events_source_per_main():
 def test_the_subscriber_marks_its_view_stale_when_the_publisher_goes_away_and_exact_when_it_continues():
     import zmq
 
-    port = _free_port()
+    port = free_port()
     ctx = zmq.Context()
 
     def publisher():

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from sglang_pdd.testing.servers import ServerGroup, ServerStartError, http_json
+from sglang_pdd.testing.servers import ServerGroup, ServerStartError, free_port, http_json
 
 HTTP_SERVER = textwrap.dedent("""
     import http.server, subprocess, sys
@@ -30,14 +30,6 @@ class Script:
 
     def environ(self):
         return {}
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_start_wait_and_stop_the_whole_process_group(tmp_path):
