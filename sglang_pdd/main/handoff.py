@@ -38,7 +38,6 @@ from sglang_pdd.protocol.request import RequestParams
 logger = logging.getLogger(__name__)
 
 
-
 class HandoffState(enum.Enum):
     """Where one relayed request is (see the diagram above); the value is its /metrics label."""
 
