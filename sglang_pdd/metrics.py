@@ -37,16 +37,17 @@ def record_transfer(kind: str, peer: str, nbytes: int, ok: bool, path: str = "di
             path, kind, peer).inc()
 
 
-def record_transfer_seconds(kind: str, path: str, seconds: float, slices: int = 0) -> None:
+def record_transfer_seconds(kind: str, path: str, seconds: float, slices: int = 0, peer: str = "") -> None:
     """Wall time and slices of one completed transfer-engine batch (bytes in `transfer_bytes`).
 
     Slices per batch are what makes a high-RTT link round-trip bound: page by page a chunk is one
     slice per contiguous page run, layer and K/V; packed, one per block plus its table entry."""
+    labels = ("path", "kind", "peer")  # peer: the destination's transfer-engine session (host:port)
     _counter("transfer_seconds", "Seconds spent in completed transfer-engine batches",
-             ("path", "kind")).labels(path, kind).inc(seconds)
+             labels).labels(path, kind, peer).inc(seconds)
     if slices:
         _counter("transfer_slices", "Slices (one source/destination range each) of completed "
-                 "transfer-engine batches", ("path", "kind")).labels(path, kind).inc(slices)
+                 "transfer-engine batches", labels).labels(path, kind, peer).inc(slices)
 
 
 def parse_exposition(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:

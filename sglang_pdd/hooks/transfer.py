@@ -41,7 +41,7 @@ def around_batch_transfer_sync(original, engine, session_id, buffers, peer_addre
     LEDGER.record(str(session_id), int(sum(lengths)), ok=ok)
     if ok:  # the router's bandwidth estimate is fed from bytes / seconds of completed writes
         metrics.record_transfer_seconds(LEDGER.current_kind(), LEDGER.current_path(str(session_id)),
-                                        time.perf_counter() - t0, slices=len(lengths))
+                                        time.perf_counter() - t0, slices=len(lengths), peer=str(session_id))
     return ret
 
 

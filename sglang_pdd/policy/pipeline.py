@@ -18,6 +18,7 @@ import logging
 from dataclasses import dataclass
 
 from sglang_pdd.policy.bandwidth import BandwidthEstimator
+from sglang_pdd.policy.site_links import SiteLinks
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ class RouteInputs:
     md_prefix_hit: int  # prompt tokens MD's decode radix cache already holds
     max_output_tokens: int
     rld_kv_usage: float = 0.0  # RLD pool load, 0..1 (only the relay-only experiment reads it)
+    site: str = ""  # the chosen MD's site: its WAN link (`site_links`)
 
     @property
     def md_hit_rate(self) -> float:
@@ -79,20 +81,26 @@ class PipelinePolicyConfig:
 
 
 class PipelinePolicy:
-    def __init__(self, cfg: PipelinePolicyConfig, bandwidth: BandwidthEstimator, rtt_s: float):
+    """`bandwidth`, `rtt_s`: the default link; `links` adds one per site (`policy.site_links`)."""
+
+    def __init__(self, cfg: PipelinePolicyConfig, bandwidth: BandwidthEstimator, rtt_s: float,
+                 links: SiteLinks | None = None):
         self.cfg, self.bandwidth, self.rtt_s = cfg, bandwidth, rtt_s
+        self.links = links if links is not None else SiteLinks.single(bandwidth, rtt_s)
+        if self.links.default.bandwidth is not bandwidth:
+            raise ValueError("links.default must be the policy's own bandwidth estimator")
 
     def missed_bytes(self, inp: RouteInputs) -> int:
         hit = min(max(inp.md_prefix_hit, 0), inp.input_len)
         return (inp.input_len - hit) * self.cfg.kv_bytes_per_token
 
-    def predict_wan_s(self, missed_bytes: int) -> float:
-        return missed_bytes / self.bandwidth.bytes_per_s + self.rtt_s
+    def predict_wan_s(self, missed_bytes: int, site: str = "") -> float:
+        return self.links.of(site).predict_s(missed_bytes)
 
     def decide(self, inp: RouteInputs) -> RouteDecision:
         cfg = self.cfg
         missed = self.missed_bytes(inp)
-        wan = self.predict_wan_s(missed)
+        wan = self.predict_wan_s(missed, inp.site)
 
         def out(p: Pipeline, why: str) -> RouteDecision:
             return RouteDecision(p, why, missed, wan)

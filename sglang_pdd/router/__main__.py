@@ -3,7 +3,9 @@
     python -m sglang_pdd.router --prefill http://P:30000 8998 --relay http://RLD:30001 18500 \\
         --main http://MD:30002 --tokenizer MODEL_DIR --host 0.0.0.0 --port 8000 [--pipeline auto]
 
-Several of each role may be given; `--peer-policy` picks among them. `--pipeline auto` asks the
+Several of each role may be given; `--peer-policy` picks among them (cache-aware by default: MD by
+its cached prefix of the prompt, its site's predicted WAN time and its load; `--main URL SITE` with
+`--site SITE MBIT RTT_MS` for MD pools in several clusters). `--pipeline auto` asks the
 pipeline policy (predicted WAN time of MD's missed KV against `--wan-budget-s`), `relay` always
 uses P->RLD->MD, `direct` always P->MD.
 
@@ -26,7 +28,9 @@ from aiohttp import web
 
 from sglang_pdd.cache.kv_subscriber import KvEventSource
 from sglang_pdd.policy.bandwidth import BandwidthEstimator
+from sglang_pdd.policy.peer_choice import POLICIES, ChoiceConfig
 from sglang_pdd.policy.pipeline import PipelinePolicy, PipelinePolicyConfig
+from sglang_pdd.policy.site_links import SiteLinks
 from sglang_pdd.router.admission import ModelLimits
 from sglang_pdd.router.app import RouterApp
 from sglang_pdd.router.dispatch import PIPELINE_MODES, DispatchConfig, Dispatcher
@@ -37,7 +41,10 @@ def _peer_args(values: list[list[str]], role: str, default_port: int | None, fla
     peers = []
     for v in values or []:
         if not v or len(v) > 2 or not v[0].startswith(("http://", "https://")):
-            raise SystemExit(f"{flag}: expected URL [PORT], got {' '.join(v)}")
+            raise SystemExit(f"{flag}: expected URL [{'SITE' if role == 'main' else 'PORT'}], got {' '.join(v)}")
+        if role == "main":  # --main URL [SITE]
+            peers.append(Peer(v[0].rstrip("/"), site=v[1] if len(v) == 2 else ""))
+            continue
         port = int(v[1]) if len(v) == 2 and v[1] != "none" else default_port
         if role == "relay":
             if port is None:
@@ -46,6 +53,24 @@ def _peer_args(values: list[list[str]], role: str, default_port: int | None, fla
         else:
             peers.append(Peer(v[0].rstrip("/"), bootstrap_port=port))
     return peers
+
+
+def _site_links(values: list[list[str]], mains: list[Peer], default: BandwidthEstimator, rtt_s: float) -> SiteLinks:
+    """`--site NAME MBIT RTT_MS` per site; every site an MD names must be given."""
+    links = SiteLinks.single(default, rtt_s)
+    for v in values or []:
+        name, mbit, rtt = v
+        try:
+            mbit_f, rtt_f = float(mbit), float(rtt)
+        except ValueError:
+            raise SystemExit(f"--site {' '.join(v)}: expected NAME MBIT RTT_MS") from None
+        if not name or mbit_f <= 0 or rtt_f < 0 or name in links.sites:
+            raise SystemExit(f"--site {' '.join(v)}: a new name, MBIT > 0 and RTT_MS >= 0")
+        links.add(name, mbit_f * 1e6 / 8, rtt_f / 1000)
+    unknown = sorted({p.site for p in mains if p.site and p.site not in links.sites})
+    if unknown:
+        raise SystemExit(f"--main: site {', '.join(unknown)} has no --site NAME MBIT RTT_MS (its WAN link)")
+    return links
 
 
 def _kv_event_args(values: list[list[str]], mains: list[Peer], topic: str) -> dict[str, KvEventSource]:
@@ -72,7 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m sglang_pdd.router", description=__doc__.split("\n")[0])
     ap.add_argument("--prefill", nargs="+", action="append", metavar=("URL", "BOOTSTRAP_PORT"), required=True)
     ap.add_argument("--relay", nargs="+", action="append", metavar=("URL", "TOKEN_PORT"), default=[])
-    ap.add_argument("--main", nargs=1, action="append", metavar="URL", required=True)
+    ap.add_argument("--main", nargs="+", action="append", metavar=("URL", "SITE"), required=True,
+                    help="a MainDecode server, and the site it runs in (its WAN link: --site)")
+    ap.add_argument("--site", nargs=3, action="append", metavar=("NAME", "MBIT", "RTT_MS"), default=[],
+                    help="a site of MainDecode servers and its WAN link's initial bandwidth estimate and RTT "
+                         "(each --main without a site uses --wan-mbit and --wan-rtt-ms)")
     ap.add_argument("--main-kv-events", nargs="+", action="append", metavar=("ENDPOINT", "REPLAY_ENDPOINT"),
                     default=[], help="one per --main, same order: where that MD publishes its KV events "
                     "(its --kv-events-config endpoint and replay_endpoint, e.g. tcp://MD:5557 tcp://MD:5558; "
@@ -84,7 +113,22 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--pipeline", choices=PIPELINE_MODES, default="auto")
-    ap.add_argument("--peer-policy", choices=("least-loaded", "round-robin"), default="least-loaded")
+    ap.add_argument("--peer-policy", choices=POLICIES, default="cache-aware",
+                    help="how a server of each pool is chosen: cache-aware (MD by its cached prefix, its site's "
+                         "predicted WAN time and load; P by its prefix, RLD by load and KV usage), "
+                         "least-loaded or round-robin")
+    ap.add_argument("--choice-load-s", type=float, default=ChoiceConfig.load_s,
+                    help="cache-aware: the cost of one running request, in seconds of predicted WAN time")
+    ap.add_argument("--choice-kv-usage-s", type=float, default=ChoiceConfig.usage_s,
+                    help="cache-aware: the cost of a full KV pool, in seconds")
+    ap.add_argument("--balance-abs-threshold", type=float, default=ChoiceConfig.balance_abs,
+                    help="cache-aware: least-loaded when the busiest server runs this many more requests "
+                         "than the idlest ...")
+    ap.add_argument("--balance-rel-threshold", type=float, default=ChoiceConfig.balance_rel,
+                    help="... and more than this many times as many")
+    ap.add_argument("--load-poll-s", type=float, default=1.0,
+                    help="read every server's load gauges (running, queued, KV usage) this often "
+                         "(0: the router's own in-flight counts only)")
     ap.add_argument("--request-timeout", type=float, default=600.0, help="the longest any request may take (s)")
     for role, default, what in (("prefill", 600.0, "P's reply (it answers once its KV went out)"),
                                 ("relay", 120.0, "RLD's next stream chunk"),
@@ -130,25 +174,34 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="[%(asctime)s] %(name)s: %(message)s")
     from transformers import AutoTokenizer
 
-    prefill = PeerPool("prefill", _peer_args(args.prefill, "prefill", 8998, "--prefill"), args.peer_policy)
-    relay = PeerPool("relay", _peer_args(args.relay, "relay", None, "--relay"), args.peer_policy)
-    main_ = PeerPool("main", _peer_args(args.main, "main", None, "--main"), args.peer_policy)
+    try:
+        choice = ChoiceConfig(args.peer_policy, load_s=args.choice_load_s, usage_s=args.choice_kv_usage_s,
+                              balance_abs=args.balance_abs_threshold, balance_rel=args.balance_rel_threshold)
+    except ValueError as e:
+        raise SystemExit(f"--peer-policy/--choice-*/--balance-*: {e}") from None
+    prefill = PeerPool("prefill", _peer_args(args.prefill, "prefill", 8998, "--prefill"), args.peer_policy, choice)
+    relay = PeerPool("relay", _peer_args(args.relay, "relay", None, "--relay"), args.peer_policy, choice)
+    main_ = PeerPool("main", _peer_args(args.main, "main", None, "--main"), args.peer_policy, choice)
     kv_events = _kv_event_args(args.main_kv_events, main_.peers, args.kv_events_topic)
     tok = AutoTokenizer.from_pretrained(args.tokenizer)
     kvb = args.kv_bytes_per_token or kv_bytes_from_config(args.tokenizer)
     rtt = args.wan_rtt_ms / 1000
+    bandwidth = BandwidthEstimator(args.wan_mbit * 1e6 / 8, rtt_s=rtt)
+    links = _site_links(args.site, main_.peers, bandwidth, rtt)
     policy = PipelinePolicy(PipelinePolicyConfig(kv_bytes_per_token=kvb, wan_budget_s=args.wan_budget_s,
                                                  odd_output_threshold=args.odd_output_threshold,
                                                  allow_relay_only=args.allow_relay_only,
                                                  relay_only_below_hit=args.relay_only_below_hit,
                                                  rld_tpot_s=args.rld_tpot_ms / 1000),
-                            BandwidthEstimator(args.wan_mbit * 1e6 / 8, rtt_s=rtt), rtt_s=rtt)
+                            bandwidth, rtt_s=rtt, links=links)
     try:
         idle = {role: getattr(args, f"{role}_idle_timeout") for role in ("prefill", "relay", "main")}
         if any(v <= 0 for v in idle.values()) or args.request_timeout <= 0:
             raise ValueError("timeouts must be positive")
+        if args.load_poll_s < 0:
+            raise ValueError("--load-poll-s must be >= 0")
         d = Dispatcher(prefill, relay, main_, DispatchConfig(args.pipeline, args.request_timeout, args.bandwidth_poll_s,
-                                                             idle_timeout_s=idle),
+                                                             load_poll_s=args.load_poll_s, idle_timeout_s=idle),
                        decode=lambda ids: tok.decode(ids, skip_special_tokens=True), policy=policy,
                        kv_events=kv_events)
     except ValueError as e:

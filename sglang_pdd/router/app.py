@@ -54,9 +54,24 @@ class RouterMetrics:
         self.avoided = Counter("sglang_pdd_router_wan_bytes_avoided",
                                "MD's predicted missed KV bytes never sent over the WAN (odd traffic served "
                                "P->RLD)", ("reason",), registry=self.registry)
+        self.md_choices = Counter("sglang_pdd_router_md_choices", "MainDecode choices by site and the rule "
+                                  "that decided (cache-aware, imbalanced, stale, least-loaded, ...)",
+                                  ("site", "rule"), registry=self.registry)
+        self.md_prompt_tokens = Counter("sglang_pdd_router_md_prompt_tokens", "Prompt tokens sent to MainDecode, "
+                                        "by site and whether the chosen MD held them (hit) or not (miss)",
+                                        ("site", "cached"), registry=self.registry)
         self.ttft = Histogram("sglang_pdd_router_ttft_seconds", "Time from a request's arrival at the router "
                               "to its first output token, by pipeline", ("pipeline",), buckets=TTFT_BUCKETS,
                               registry=self.registry)
+
+    def chose(self, outcome: Outcome) -> None:
+        mc = outcome.main_choice
+        if mc is None:
+            return
+        site = mc.site or "default"
+        self.md_choices.labels(site, mc.kind).inc()
+        self.md_prompt_tokens.labels(site, "hit").inc(min(mc.hit, mc.prompt_len))
+        self.md_prompt_tokens.labels(site, "miss").inc(max(mc.prompt_len - mc.hit, 0))
 
     def record(self, outcome: Outcome, ok: bool, n_tokens: int) -> None:
         pipe = outcome.pipeline.value if outcome.pipeline else "none"
@@ -139,6 +154,8 @@ class RouterApp:
             return None, None
         except RequestFailed as e:
             return None, _error(e.status, str(e))
+        finally:  # the dispatcher chose the MD before anything came back
+            self.metrics.chose(clock.outcome)
         clock.tick(d)
         return d, None
 
@@ -188,7 +205,8 @@ class RouterApp:
                 "pdd": {"pipeline": outcome.pipeline.value if outcome.pipeline else None,
                         "handoff_tokens": outcome.handoff_k, "handoff_mode": outcome.handoff_mode,
                         "reason": outcome.reason, "md_hit": outcome.md_hit, "missed_bytes": outcome.missed_bytes,
-                        "predicted_wan_s": outcome.predicted_wan_s, "rld_in_flight": outcome.rld_in_flight}}
+                        "predicted_wan_s": outcome.predicted_wan_s, "rld_in_flight": outcome.rld_in_flight,
+                        "md": outcome.main_choice.public() if outcome.main_choice else None}}
         if outcome.output_logprobs is not None:
             meta["output_token_logprobs"] = outcome.output_logprobs
         return meta

@@ -6,7 +6,8 @@ completed transfer-engine batch (`sglang_pdd_transfer_bytes_total`, `sglang_pdd_
 certainly the WAN: `direct` (plain PD) is P->MD in the P->MD pipeline but P->RLD for odd traffic,
 and one LAN sample would inflate the estimate for a long time, so it is left out.
 `TransferRateFeed.update` takes one `/metrics` page per prefill server, turns the
-growth since the previous page into (bytes, seconds, batches) and hands it to the estimator, which
+growth since the previous page into (bytes, seconds, batches) per destination site (the MDs of each
+site are behind their own link, `policy.site_links`) and hands it to that site's estimator, which
 ignores windows too small to say anything about bandwidth. `poll_forever` does that on a timer.
 """
 
@@ -14,9 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Callable
 
 from sglang_pdd.metrics import parse_exposition
 from sglang_pdd.policy.bandwidth import BandwidthEstimator
+from sglang_pdd.policy.site_links import SiteLinks
 
 logger = logging.getLogger(__name__)
 
@@ -25,34 +28,63 @@ _NAMES = {"bytes": "sglang_pdd_transfer_bytes_total", "seconds": "sglang_pdd_tra
           "batches": "sglang_pdd_transfer_batches_total"}
 
 
+def wan_totals_by_site(text: str, site_of: Callable[[str], str] = lambda host: "",
+                       paths: tuple[str, ...] = WAN_PATHS) -> dict[str, dict[str, float]]:
+    """Summed KV bytes, seconds and batches over the WAN paths in one exposition page, per site of
+    the destination (its `peer` label is the transfer-engine session host:port; a page without
+    the label counts for the default site "")."""
+    out: dict[str, dict[str, float]] = {}
+    for key, name in _NAMES.items():
+        for labels, v in parse_exposition(text, name).items():
+            lab = dict(labels)
+            if lab.get("kind") != "kv" or lab.get("path") not in paths:
+                continue
+            host = lab.get("peer", "").rpartition(":")[0]
+            totals = out.setdefault(site_of(host) if host else "", dict.fromkeys(_NAMES, 0.0))
+            totals[key] += v
+    return out
+
+
 def wan_totals(text: str, paths: tuple[str, ...] = WAN_PATHS) -> dict[str, float]:
     """Summed KV bytes, seconds and batches over the WAN paths in one exposition page."""
-    out = {}
-    for key, name in _NAMES.items():
-        out[key] = sum(v for labels, v in parse_exposition(text, name).items()
-                       if dict(labels).get("kind") == "kv" and dict(labels).get("path") in paths)
+    out = dict.fromkeys(_NAMES, 0.0)
+    for totals in wan_totals_by_site(text, paths=paths).values():
+        for k, v in totals.items():
+            out[k] += v
     return out
 
 
 class TransferRateFeed:
-    def __init__(self, estimator: BandwidthEstimator, paths: tuple[str, ...] = WAN_PATHS):
-        self.estimator, self.paths = estimator, paths
-        self._last: dict[str, dict[str, float]] = {}
+    """Feeds `links` (one estimator, or a site's each) from P's pages; `site_of(host)` names the site
+    of a destination host (an MD's), "" for the default link."""
+
+    def __init__(self, links: BandwidthEstimator | SiteLinks, paths: tuple[str, ...] = WAN_PATHS,
+                 site_of: Callable[[str], str] = lambda host: ""):
+        self.links = links if isinstance(links, SiteLinks) else SiteLinks.single(links, links.rtt_s)
+        self.paths, self.site_of = paths, site_of
+        self._last: dict[tuple[str, str], dict[str, float]] = {}
         self.samples = 0
 
+    @property
+    def estimator(self) -> BandwidthEstimator:
+        return self.links.default.bandwidth
+
     def update(self, source: str, text: str) -> None:
-        now = wan_totals(text, self.paths)
-        prev, self._last[source] = self._last.get(source), now
+        for site, now in wan_totals_by_site(text, self.site_of, self.paths).items():
+            self._observe((source, site), self.links.of(site).bandwidth, now)
+
+    def _observe(self, key: tuple[str, str], estimator: BandwidthEstimator, now: dict[str, float]) -> None:
+        prev, self._last[key] = self._last.get(key), now
         if prev is None:
             return
         d = {k: now[k] - prev[k] for k in now}
         if any(v < 0 for v in d.values()):  # the server restarted: start over from this page
             return
         if d["bytes"] > 0 and d["seconds"] > 0:
-            before = self.estimator.observations
-            self.estimator.observe(d["bytes"], d["seconds"], transfers=int(d["batches"]))
-            if self.estimator.observations == before:  # too small to say anything: carry it into the next
-                self._last[source] = prev
+            before = estimator.observations
+            estimator.observe(d["bytes"], d["seconds"], transfers=int(d["batches"]))
+            if estimator.observations == before:  # too small to say anything: carry it into the next
+                self._last[key] = prev
             else:
                 self.samples += 1
 

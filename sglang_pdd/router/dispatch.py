@@ -16,13 +16,13 @@ from typing import AsyncIterator, Callable
 
 import aiohttp
 
-from sglang_pdd.cache import CacheView
-from sglang_pdd.cache.kv_subscriber import KvEventSource, main_views
+from sglang_pdd.cache.kv_subscriber import KvEventSource
 from sglang_pdd.protocol import room_plan
-from sglang_pdd.router import admission, upstream
+from sglang_pdd.router import admission, load_feed, upstream
 from sglang_pdd.router.peers import Peer, PeerPool
 from sglang_pdd.policy.pipeline import Pipeline, PipelinePolicy, RouteInputs
 from sglang_pdd.router.bandwidth_feed import TransferRateFeed
+from sglang_pdd.router.placement import MainChoice, Placement
 from sglang_pdd.router.stitch import Delta, Stitcher, StitchError
 
 logger = logging.getLogger(__name__)
@@ -44,6 +44,7 @@ class DispatchConfig:
     pipeline: str = "auto"
     request_timeout_s: float = 600.0
     bandwidth_poll_s: float = 2.0  # read P's completed-transfer counters this often (0: never)
+    load_poll_s: float = 1.0  # read every peer's load gauges this often (0: never; in-flight counts only)
     # Longest wait for a role's next chunk (P: for its one reply). MD's first chunk comes only after
     # its KV landed and it took over from RLD, so its deadline must outlast the handoff timeout.
     idle_timeout_s: dict[str, float] = field(default_factory=lambda: {"prefill": 600.0, "relay": 120.0,
@@ -66,6 +67,7 @@ class Outcome:
     missed_bytes: int | None = None  # MD's predicted missed KV bytes (what P->MD would send over the WAN)
     predicted_wan_s: float | None = None
     rld_in_flight: int | None = None  # requests in flight on the chosen relay at the decision
+    main_choice: MainChoice | None = None  # which MD, and what the choice saw
 
 
 class Dispatcher:
@@ -79,8 +81,8 @@ class Dispatcher:
         self.prefill, self.relay, self.main, self.cfg = prefill, relay, main, cfg
         self.decode, self.policy = decode, policy
         # MD's cache: exact from its KV events where given (peer URL -> source), else approximate
-        self.views: dict[str, CacheView]
-        self.views, self.kv_subscribers = main_views([p.url for p in main.peers], kv_events)
+        self.placement = Placement(prefill, relay, main, policy, kv_events)
+        self.views, self.kv_subscribers = self.placement.views, self.placement.kv_subscribers
         self.session: aiohttp.ClientSession | None = None
         self._background: set[asyncio.Task] = set()  # MD copies left to land their KV
         self._releasing: set[asyncio.Task] = set()  # requests' clean-ups (see generate)
@@ -90,24 +92,29 @@ class Dispatcher:
         for sub in self.kv_subscribers:
             sub.start()
         if self.policy is not None and self.cfg.bandwidth_poll_s > 0:
-            self.feed = TransferRateFeed(self.policy.bandwidth)
+            sites = {p.host: p.site for p in self.main.peers}
+            self.feed = TransferRateFeed(self.policy.links, site_of=lambda host: sites.get(host, ""))
             self._feed_task = asyncio.create_task(self.feed.poll_forever(
                 self.session, [p.url for p in self.prefill.peers], self.cfg.bandwidth_poll_s))
+        if self.cfg.load_poll_s > 0:
+            peers = self.prefill.peers + self.relay.peers + self.main.peers
+            self._load_task = asyncio.create_task(load_feed.poll_forever(self.session, peers, self.cfg.load_poll_s))
 
     async def close(self) -> None:
         await asyncio.gather(*self._releasing, return_exceptions=True)
         await asyncio.gather(*(sub.close() for sub in self.kv_subscribers))
-        task = getattr(self, "_feed_task", None)
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        for task in (getattr(self, "_feed_task", None), getattr(self, "_load_task", None)):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if self.session is not None:
             await self.session.close()
 
     # -- pipeline choice ------------------------------------------------------------------------
-    def choose(self, input_ids: list[int], max_new_tokens: int, md: Peer,
+    def choose(self, input_ids: list[int], max_new_tokens: int, md: Peer | MainChoice,
                outcome: Outcome | None = None, mode: str | None = None) -> tuple[Pipeline, str]:
-        hit = self.views[md.url].match(input_ids)
+        """The pipeline for a request whose MD is `md` (a peer, or the placement's choice)."""
+        hit = md.hit if isinstance(md, MainChoice) else self.views[md.url].match(input_ids)
         if outcome is not None:
             outcome.md_hit = hit
         mode = mode or self.cfg.pipeline
@@ -115,7 +122,7 @@ class Dispatcher:
             return Pipeline.P_MD, "pipeline direct"
         if mode == "relay" or self.policy is None:
             return Pipeline.P_RLD_MD, "pipeline relay"
-        d = self.policy.decide(RouteInputs(len(input_ids), hit, max_new_tokens))
+        d = self.policy.decide(RouteInputs(len(input_ids), hit, max_new_tokens, site=md.site))
         if outcome is not None:
             outcome.missed_bytes, outcome.predicted_wan_s = d.missed_bytes, d.predicted_wan_s
         return d.pipeline, d.reason
@@ -126,11 +133,15 @@ class Dispatcher:
         """`pipeline` (auto, relay, direct) overrides --pipeline for this request. Whatever PDD
         parameters the client put in `sampling_params` are dropped: the router sets its own."""
         sampling_params = admission.without_internal(sampling_params)
-        p, md = self.prefill.pick(), self.main.pick()
-        pipeline, why = self.choose(input_ids, int(sampling_params.get("max_new_tokens") or 128), md, outcome,
-                                    mode=pipeline)
-        outcome.pipeline, outcome.reason = pipeline, why
-        rld = self.relay.pick() if pipeline is not Pipeline.P_MD else None
+        try:
+            p, mc = self.placement.pick_prefill(input_ids), self.placement.pick_main(input_ids)
+            md, outcome.main_choice = mc.peer, mc
+            pipeline, why = self.choose(input_ids, int(sampling_params.get("max_new_tokens") or 128), mc, outcome,
+                                        mode=pipeline)
+            outcome.pipeline, outcome.reason = pipeline, why
+            rld = self.placement.pick_relay(input_ids) if pipeline is not Pipeline.P_MD else None
+        except LookupError as e:  # a role with no server in service
+            raise RequestFailed(str(e), status=503) from None
         if rld is not None:
             outcome.rld_in_flight = rld.in_flight
         rooms = room_plan.new_rooms()
@@ -152,13 +163,13 @@ class Dispatcher:
                         # P's copy too: P answers only once MD's part is done, and aborting it would
                         # fail MD's transfer.
                         self._leave_running([t for (name, _, _), t in zip(calls, tasks) if name in ("main", "prefill")])
-                        self.views[md.url].insert(list(input_ids))  # MD gets the prompt, not RLD's output
+                        self.placement.landed(md, input_ids)  # MD gets the prompt, not RLD's output
                     return
                 outcome.handoff_k, outcome.handoff_mode = stitcher.handoff_k, stitcher.handoff_mode
             async for d in self._drain("main", queues["main"], stitcher.feed_main, lp):
                 yield d
             outcome.output_logprobs = lp or None
-            self.views[md.url].insert(list(input_ids) + stitcher.ids)
+            self.placement.landed(md, list(input_ids) + stitcher.ids)
         finally:
             # Shielded: a handler cancelled while it lets go (the client's connection dropped just after
             # a write to it failed) must still abort every role's copy.

@@ -181,7 +181,7 @@ async def router_client(cluster: FakeCluster, pipeline: str = "direct", idle_s: 
                         tokenizer=None, max_body_bytes: int = 64 << 20):
     """A test client on a real router (Dispatcher + RouterApp) in front of `cluster`."""
     tok = tokenizer or CharTokenizer()
-    cfg = DispatchConfig(pipeline, request_timeout_s=max(60.0, idle_s), bandwidth_poll_s=0,
+    cfg = DispatchConfig(pipeline, request_timeout_s=max(60.0, idle_s), bandwidth_poll_s=0, load_poll_s=0,
                          idle_timeout_s={r: idle_s for r in ("prefill", "relay", "main")})
     d = Dispatcher(*cluster.pools(), cfg, decode=lambda ids: tok.decode(ids, skip_special_tokens=True))
     app = RouterApp(d, tok, "fake", limits=limits, max_body_bytes=max_body_bytes)

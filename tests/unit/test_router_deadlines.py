@@ -155,7 +155,7 @@ def test_a_handler_cancelled_while_letting_go_still_aborts_every_role():
     async def go():
         async with fu.FakeCluster() as cl:
             cl.relay.behaviour, cl.main.behaviour = slow_stream(), fu.hang()
-            d = Dispatcher(*cl.pools(), DispatchConfig("relay", bandwidth_poll_s=0), decode=lambda ids: "")
+            d = Dispatcher(*cl.pools(), DispatchConfig("relay", bandwidth_poll_s=0, load_poll_s=0), decode=lambda ids: "")
             await d.start()
             try:
                 stream = d.generate([5, 6], {"max_new_tokens": 9000}, {}, Outcome())

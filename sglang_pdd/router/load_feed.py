@@ -1,0 +1,55 @@
+"""Each peer's load from its own `/metrics`: requests running and queued, KV-pool usage.
+
+The router's own in-flight count is immediate but sees only this router's requests; a server's
+gauges (`sglang:num_running_reqs`, the waiting queues, `sglang:token_usage`; servers started with
+`--enable-metrics`) see every router's and every queue, a poll interval late. `Peer.load` takes
+the larger of the two. A peer whose page cannot be read keeps its last figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from sglang_pdd.metrics import parse_exposition
+from sglang_pdd.router.peers import Peer
+
+logger = logging.getLogger(__name__)
+
+RUNNING, USAGE = "sglang:num_running_reqs", "sglang:token_usage"
+# waiting: scheduled, or (PD) holding KV slots while their KV is on its way
+QUEUES = ("sglang:num_queue_reqs", "sglang:num_decode_prealloc_queue_reqs", "sglang:num_decode_transfer_queue_reqs",
+          "sglang:num_prefill_bootstrap_queue_reqs", "sglang:num_prefill_inflight_queue_reqs")
+
+
+def load_of(text: str) -> tuple[float, float] | None:
+    """(running + queued requests, KV usage 0..1) in one exposition page; None without sglang's gauges."""
+    running = parse_exposition(text, RUNNING)
+    if not running:
+        return None
+    queued = sum(sum(parse_exposition(text, name).values()) for name in QUEUES)
+    usage = parse_exposition(text, USAGE)
+    return (sum(running.values()) + queued,
+            min(max(max(usage.values(), default=0.0), 0.0), 1.0))
+
+
+def update(peer: Peer, text: str) -> bool:
+    got = load_of(text)
+    if got is None:
+        return False
+    peer.running, peer.kv_usage = got
+    return True
+
+
+async def poll_forever(session, peers: list[Peer], interval_s: float = 1.0) -> None:
+    import aiohttp  # not a declared dependency; only the router process needs it
+
+    while True:
+        for peer in peers:
+            try:
+                async with session.get(peer.url + "/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                    if r.status == 200:
+                        update(peer, await r.text())
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                logger.debug("load feed: %s/metrics: %s", peer.url, e)
+        await asyncio.sleep(interval_s)

@@ -1,0 +1,95 @@
+"""Where one request goes: which P, which MD (and its site), which RLD.
+
+MD by its cache of this prompt (the router's exact view from MD's KV events, else its record of what
+it sent), its load and its site's predicted WAN time for the KV it misses; P by its own prefix cache
+(the router's record of the prompts it sent each P) and load; RLD by load and KV-pool usage (RLD
+is the scarce pool the adaptive handoff protects). The scoring is `policy.peer_choice`; this module
+only gathers each candidate's inputs and keeps the router's cache views.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sglang_pdd.cache import CacheView
+from sglang_pdd.cache.kv_subscriber import KvEventSource, KvEventSubscriber, main_views
+from sglang_pdd.cache.prefix_view import PrefixView
+from sglang_pdd.policy.pipeline import PipelinePolicy
+from sglang_pdd.router.peers import Peer, PeerPool
+
+
+@dataclass(frozen=True)
+class MainChoice:
+    """The chosen MD and what the choice saw (for the response's meta_info and the metrics)."""
+
+    peer: Peer
+    index: int
+    hit: int  # prompt tokens the chosen MD holds
+    prompt_len: int
+    site: str
+    reason: str
+    hits: tuple[int, ...]  # every MD's hit, in --main order
+    loads: tuple[float, ...]
+    wan_s: tuple[float | None, ...]
+
+    @property
+    def kind(self) -> str:
+        """The reason's first word(s): cache-aware, imbalanced, stale, least-loaded, ... (a metric label)."""
+        for k in ("cache-aware", "imbalanced", "stale", "least-loaded", "round-robin", "only"):
+            if k in self.reason:
+                return k
+        return "other"
+
+    def public(self) -> dict:
+        return {"index": self.index, "site": self.site or None, "reason": self.reason, "hits": list(self.hits),
+                "loads": list(self.loads)}
+
+
+def _fresh(view: CacheView) -> bool:
+    """An exact view that lost MD's events (not replayed) cannot be compared with the others."""
+    return getattr(view, "exact", True) or getattr(view, "stale_reason", "") == "no events yet"
+
+
+@dataclass
+class Placement:
+    prefill: PeerPool
+    relay: PeerPool
+    main: PeerPool
+    policy: PipelinePolicy | None = None
+    kv_events: dict[str, KvEventSource] | None = None
+    views: dict[str, CacheView] = field(init=False)  # MD URL -> its cache view
+    kv_subscribers: list[KvEventSubscriber] = field(init=False)
+    prefill_views: dict[str, PrefixView] = field(init=False)  # P URL -> the prompts sent there
+
+    def __post_init__(self) -> None:
+        self.views, self.kv_subscribers = main_views([p.url for p in self.main.peers], self.kv_events)
+        self.prefill_views = {p.url: PrefixView() for p in self.prefill.peers}
+
+    def pick_prefill(self, ids: list[int]) -> Peer:
+        pool = self.prefill
+        cands = [pool.candidate(p, hit=self.prefill_views[p.url].match(ids)) for p in pool.peers]
+        peer, _ = pool.choose(cands, len(ids))
+        self.prefill_views[peer.url].insert(list(ids))
+        return peer
+
+    def pick_main(self, ids: list[int]) -> MainChoice:
+        pool, kvb = self.main, self.policy.cfg.kv_bytes_per_token if self.policy is not None else None
+        cands = []
+        for p in pool.peers:
+            view = self.views[p.url]
+            hit = view.match(ids)
+            wan = (self.policy.predict_wan_s((len(ids) - min(hit, len(ids))) * kvb, p.site)
+                   if kvb is not None else None)
+            cands.append(pool.candidate(p, hit=hit, wan_s=wan, fresh=_fresh(view)))
+        peer, c = pool.choose(cands, len(ids))
+        return MainChoice(peer, c.index, cands[c.index].hit, len(ids), peer.site, c.reason, tuple(x.hit for x in cands),
+                          tuple(x.load for x in cands), tuple(x.wan_s for x in cands))
+
+    def pick_relay(self, ids: list[int]) -> Peer:
+        pool = self.relay
+        return pool.choose([pool.candidate(p, hit=len(ids)) for p in pool.peers], len(ids))[0]
+
+    def landed(self, md: Peer, ids: list[int]) -> None:
+        """MD now caches `ids` (a prompt, or prompt + output)."""
+        self.views[md.url].insert(list(ids))
+
