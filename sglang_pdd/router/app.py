@@ -60,6 +60,11 @@ class RouterMetrics:
         self.md_prompt_tokens = Counter("sglang_pdd_router_md_prompt_tokens", "Prompt tokens sent to MainDecode, "
                                         "by site and whether the chosen MD held them (hit) or not (miss)",
                                         ("site", "cached"), registry=self.registry)
+        self.peer_load = Gauge("sglang_pdd_router_peer_load", "Each server's load as the router sees it "
+                               "(the larger of its in-flight count here and its own running + queued gauges)",
+                               ("role", "peer"), registry=self.registry)
+        self.peer_in_flight = Gauge("sglang_pdd_router_peer_in_flight", "This router's requests on each server",
+                                    ("role", "peer"), registry=self.registry)
         self.ttft = Histogram("sglang_pdd_router_ttft_seconds", "Time from a request's arrival at the router "
                               "to its first output token, by pipeline", ("pipeline",), buckets=TTFT_BUCKETS,
                               registry=self.registry)
@@ -128,6 +133,10 @@ class RouterApp:
 
         if self.d.policy is not None:
             self.metrics.bandwidth.set(self.d.policy.bandwidth.bytes_per_s)
+        for pool in (self.d.prefill, self.d.relay, self.d.main):
+            for peer in pool.peers:
+                self.metrics.peer_load.labels(pool.role, peer.url).set(peer.load)
+                self.metrics.peer_in_flight.labels(pool.role, peer.url).set(peer.in_flight)
         return web.Response(body=generate_latest(self.metrics.registry), content_type="text/plain")
 
     async def _prepared(self, request, kind: str) -> Prepared | web.Response:
