@@ -16,7 +16,8 @@ against load), with two guards:
 * stale views: when any candidate's cache view cannot be trusted (its KV events were lost and not
   replayed), hits cannot be compared and the least loaded wins.
 
-A dead (ejected) candidate is never chosen. `policy="least-loaded"` and `"round-robin"` ignore
+Candidates that tie take turns (a cold start spreads out). A dead (ejected) candidate is never
+chosen. `policy="least-loaded"` and `"round-robin"` ignore
 caches (the old behaviour, and the baseline of the measurements).
 """
 
@@ -43,7 +44,7 @@ class Candidate:
 @dataclass(frozen=True)
 class ChoiceConfig:
     policy: str = "cache-aware"
-    load_s: float = 0.05  # cost of one running request, in seconds of WAN time
+    load_s: float = 0.01  # cost of one running request, in seconds of WAN time
     usage_s: float = 0.5  # cost of a full KV pool
     miss_s: float = 1.0  # cost of missing the whole prompt where no WAN time is predicted (P, RLD)
     balance_abs: float = 8.0
@@ -87,7 +88,7 @@ class PeerChooser:
             return Choice(live[0], "the only healthy server")
         if self.cfg.policy == "round-robin":
             return Choice(live[next(self._rr) % len(live)], "round-robin")
-        by_load = min(live, key=lambda i: (candidates[i].load, candidates[i].kv_usage, i))
+        by_load = self._among(live, lambda i: (candidates[i].load, candidates[i].kv_usage))
         if self.cfg.policy == "least-loaded":
             return Choice(by_load, "least-loaded")
         costs = tuple(self.cost(c, input_len) if c.healthy else float("inf") for c in candidates)
@@ -97,8 +98,14 @@ class PeerChooser:
         lo, hi = min(loads), max(loads)
         if hi - lo > self.cfg.balance_abs and hi > self.cfg.balance_rel * lo:
             idlest = [i for i in live if candidates[i].load == lo]
-            best = min(idlest, key=lambda i: (costs[i], i))
+            best = self._among(idlest, lambda i: (costs[i],))
             return Choice(best, f"imbalanced (load {lo:g}..{hi:g}): least-loaded", costs)
-        best = min(live, key=lambda i: (costs[i], candidates[i].load, i))
+        best = self._among(live, lambda i: (costs[i], candidates[i].load))
         c = candidates[best]
         return Choice(best, f"cache-aware: hit {c.hit}/{input_len}, load {c.load:g}, cost {costs[best]:.3f}", costs)
+
+    def _among(self, indices: list[int], key) -> int:
+        """The index with the smallest key; equal keys take turns (a cold start spreads out)."""
+        lo = min(key(i) for i in indices)
+        ties = [i for i in indices if all(abs(a - b) <= 1e-9 for a, b in zip(key(i), lo))]
+        return ties[0] if len(ties) == 1 else ties[next(self._rr) % len(ties)]

@@ -22,6 +22,7 @@ from typing import Iterable, Optional
 
 from sglang_pdd.policy.bandwidth import BandwidthEstimator
 from sglang_pdd.policy.handoff_mode import HandoffModePolicy
+from sglang_pdd.policy.peer_choice import Candidate, ChoiceConfig, PeerChooser
 from sglang_pdd.policy.pipeline import Pipeline, PipelinePolicy, PipelinePolicyConfig, RouteInputs
 from sglang_pdd.sim.cost_model import CostModel
 from sglang_pdd.sim.decode import DecodeInstance
@@ -91,6 +92,7 @@ class Cluster(RelayFlow):
                 rld_tpot_s=rld_tpot, allow_relay_only=rt.allow_relay_only,
                 relay_only_below_hit=rt.relay_only_below_hit,
                 relay_only_max_rld_usage=rt.relay_only_max_rld_usage), self.bw, spec.wan.rtt_s)
+        self.md_chooser = PeerChooser(ChoiceConfig(spec.routing.md_choice))
         self.handoff = HandoffModePolicy(spec.handoff)
         self.states: dict[str, RequestState] = {}
         self.records: list[RequestRecord] = []
@@ -149,9 +151,14 @@ class Cluster(RelayFlow):
 
     # ----- helpers -----
     def _md_of(self, w: WorkloadRequest) -> int:
-        if self.drc is not None:
-            return w.session_id % len(self.D)
-        return min(range(len(self.D)), key=lambda i: self.D[i].load)
+        """The router's own choice (`policy.peer_choice`): each MD's radix hit for this prompt, the
+        predicted WAN time of what it misses (PDD), its load and KV usage."""
+        cands = []
+        for i, d in enumerate(self.D):
+            hit = self.drc[i].peek(w.session_id, w.segments, w.input_len) if self.drc is not None else 0
+            wan = (self.policy.predict_wan_s((w.input_len - hit) * self.kv) if self.policy is not None else None)
+            cands.append(Candidate(d.name, hit=hit, load=d.load, kv_usage=d.kv_usage, wan_s=wan))
+        return self.md_chooser.choose(cands, w.input_len).index
 
     def _fast_s(self, nbytes: float) -> float:
         self.fast_bytes += nbytes

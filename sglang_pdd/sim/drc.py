@@ -24,10 +24,17 @@ class DecodeRadixCache:
         self.evictions = 0
 
     def hit(self, session: int, prompt: Sequence[Segment], input_len: int) -> int:
+        """The hit of a prompt MD now serves (refreshes the session's place in the LRU)."""
+        n = self.peek(session, prompt, input_len)
+        if session in self._entries:
+            self._entries.move_to_end(session)
+        return n
+
+    def peek(self, session: int, prompt: Sequence[Segment], input_len: int) -> int:
+        """The hit, leaving the LRU as it is (the router scoring candidates)."""
         e = self._entries.get(session)
         if e is None:
             return 0
-        self._entries.move_to_end(session)
         return min(common_prefix_len(e[0], prompt), input_len - 1) if input_len > 0 else 0
 
     def insert(self, session: int, sequence: Sequence[Segment]) -> None:

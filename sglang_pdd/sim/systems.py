@@ -48,6 +48,7 @@ class PoolSpec:
 
 @dataclass(frozen=True)
 class RoutingSpec:
+    md_choice: str = "cache-aware"  # the router's choice of MD (policy.peer_choice.POLICIES)
     route_by: RouteBy = RouteBy.HIT_THRESHOLD
     hit_threshold: float = 0.95
     wan_budget_s: float = 1.0

@@ -3,9 +3,11 @@ sends a conversation's next turn to the MD that holds its history, so P ships on
 KV; the least-loaded router (the negative control, the old default) sends it to the other, idler MD
 and P ships the whole history again. Outputs are token-identical to the single server either way.
 
-Where turn 1 lands is made deterministic by a blocker: a long streamed request holds MD 0 while
-turn 1 arrives, so both routers put turn 1 on MD 1; the blocker is then closed and the test waits
-until the router sees both MDs idle (its `sglang_pdd_router_peer_load`) before turn 2.
+Where each turn lands is made deterministic by blockers, long streamed requests held open: one holds
+an MD while turn 1 arrives, so turn 1 goes to the other (its home); the test waits until the router
+sees both MDs idle (its `sglang_pdd_router_peer_load`); another holds the home MD during turn 2, so
+the home MD is the busier one: the cache-aware router still picks it (the hit beats one request of
+load), the least-loaded router does not.
 """
 
 from __future__ import annotations
@@ -90,19 +92,24 @@ def conversation(two_md, reference_server, prompts, policy: str, seed: int) -> d
     first = prompts.ids(1200, seed=seed)
     blocker = Blocker(router, prompts.ids(100, seed=seed + 1))
     try:
-        assert blocker.md == 0  # both MDs idle: the tie goes to the first
         out1 = generate(router.url, greedy_body(first, NEW_TOKENS))
     finally:
         blocker.close()
-    assert out1["meta_info"]["pdd"]["md"]["index"] == 1, out1["meta_info"]["pdd"]  # MD 0 was busy
+    home = 1 - blocker.md
+    assert out1["meta_info"]["pdd"]["md"]["index"] == home, out1["meta_info"]["pdd"]  # the other MD was busy
     identity.check(identity.reference(reference_server.url, first, NEW_TOKENS), out1["output_ids"], "turn 1")
     wait_idle(router)
     second = first + out1["output_ids"] + prompts.ids(100, seed=seed + 2)
-    before = kv_sent(p)
-    out2 = generate(router.url, greedy_body(second, NEW_TOKENS))
-    moved = kv_sent(p) - before
+    hold = Blocker(router, first[:600])  # the home MD busier than the other during turn 2
+    try:
+        assert hold.md == home, "the second blocker went to the MD without the conversation"
+        before = kv_sent(p)
+        out2 = generate(router.url, greedy_body(second, NEW_TOKENS))
+        moved = kv_sent(p) - before
+    finally:
+        hold.close()
     identity.check(identity.reference(reference_server.url, second, NEW_TOKENS), out2["output_ids"], "turn 2")
-    return {"md": out2["meta_info"]["pdd"]["md"], "moved": moved, "len": len(second),
+    return {"md": out2["meta_info"]["pdd"]["md"], "home": home, "moved": moved, "len": len(second),
             "cached": out2["meta_info"].get("cached_tokens")}
 
 
@@ -111,16 +118,17 @@ def test_cache_aware_keeps_the_conversation_on_its_md_least_loaded_does_not(two_
     kvb = kv_bytes_per_token(tiny_model)
     aware = conversation(two_md, reference_server, prompts, "cache-aware", seed=41)
     control = conversation(two_md, reference_server, prompts, "least-loaded", seed=51)
-    # cache-aware: turn 2 on MD 1, which holds turn 1's prompt and output (but its last token's KV)
-    assert aware["md"]["index"] == 1 and "cache-aware" in aware["md"]["reason"]
-    assert aware["md"]["hits"][1] >= 1200 + NEW_TOKENS - 1 and aware["md"]["hits"][0] == 0
+    # cache-aware: turn 2 on the MD that holds turn 1's prompt and output (but its last token's KV)
+    home, away = aware["home"], 1 - aware["home"]
+    assert aware["md"]["index"] == home and "cache-aware" in aware["md"]["reason"]
+    assert aware["md"]["hits"][home] >= 1200 + NEW_TOKENS - 1 and aware["md"]["hits"][away] == 0
     assert aware["moved"] <= (aware["len"] - 1200 - NEW_TOKENS + 1) * kvb
-    # least-loaded: turn 2 on the idle MD 0, whose cache has none of it: the whole history crosses again
-    assert control["md"]["index"] == 0
+    # least-loaded: turn 2 goes to the idler MD, whose cache has none of it: the whole history crosses again
+    assert control["md"]["index"] != control["home"], control
     assert control["moved"] >= control["len"] * kvb * 0.9
     assert aware["moved"] * 5 < control["moved"], (aware, control)
-    print(f"\nturn 2 of {aware['len']} tokens: cache-aware MD hit {aware['md']['hits'][1]}, KV sent "
-          f"{aware['moved'] / 2**20:.2f} MiB; least-loaded MD hit {control['md']['hits'][0]}, KV sent "
+    print(f"\nturn 2 of {aware['len']} tokens: cache-aware MD hit {aware['md']['hits'][home]}, KV sent "
+          f"{aware['moved'] / 2**20:.2f} MiB; least-loaded MD hit {control['md']['hits'][control['md']['index']]}, KV sent "
           f"{control['moved'] / 2**20:.2f} MiB ({control['moved'] / max(aware['moved'], 1):.1f}x)")
     sent = metric(two_md[2]["cache-aware"].url, "sglang_pdd_router_md_prompt_tokens_total")
     assert sum(v for k, v in sent.items() if dict(k).get("cached") == "hit") >= 1200 + NEW_TOKENS - 1

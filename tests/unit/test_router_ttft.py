@@ -7,6 +7,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from sglang_pdd.metrics import parse_exposition
 from sglang_pdd.router.app import RouterApp
+from sglang_pdd.router.peers import Peer, PeerPool
 from sglang_pdd.router.dispatch import RequestFailed
 from sglang_pdd.policy.pipeline import Pipeline
 from sglang_pdd.router.stitch import Delta
@@ -26,8 +27,9 @@ class Tok:
 class FakeDispatcher:
     """Answers every request on the pipeline named by the prompt's first character."""
 
-    relay = ["rld"]
+    relay = PeerPool("relay", [Peer("http://rld:1")])
     policy = None
+    prefill = main = PeerPool("main", [])
 
     async def start(self):
         pass
