@@ -3,9 +3,9 @@
 A peer that could not be reached is out at once; one that failed otherwise (5xx, a stream cut, an
 idle deadline) after `eject_after` failures in a row. While out, `PeerPool.pick` skips it as long as
 a peer of its role is in service. The router's health checker (`HealthChecker`) asks each peer that
-is out for `GET /health` every `interval_s`; a 200 takes it back. Without an answer it is tried
-again anyway once `backoff_s` has passed (the back-off doubles on each ejection, up to
-`max_backoff_s`), so a peer whose `/health` lies cannot be lost for good.
+is out for `GET /health` every `interval_s`; a 200 takes it back (a request it serves does too).
+Without a health checker, a peer out is tried again once `backoff_s` has passed (the back-off
+doubles on each ejection, up to `max_backoff_s`).
 """
 
 from __future__ import annotations
@@ -30,12 +30,13 @@ class PeerHealth:
     failures: int = 0  # in a row
     ejections: int = 0
     out_until: float | None = None  # set while ejected
+    checked: bool = False  # a health checker takes it back: out until it answers, whatever the back-off
     _backoff: float = field(init=False, default=0.0)
 
     @property
     def out(self) -> bool:
         """Ejected and its back-off not over."""
-        return self.out_until is not None and self.now() < self.out_until
+        return self.out_until is not None and (self.checked or self.now() < self.out_until)
 
     def failed(self, unreachable: bool = False) -> bool:
         """One failure; True when it ejected the peer."""
@@ -57,6 +58,9 @@ class HealthChecker:
 
     def __init__(self, pools, interval_s: float = 2.0, timeout_s: float = 2.0):
         self.pools, self.interval_s, self.timeout_s = pools, interval_s, timeout_s
+        for pool in pools:
+            for p in pool.peers:
+                p.health.checked = True
 
     async def check_once(self, session: aiohttp.ClientSession) -> None:
         peers = [p for pool in self.pools for p in pool.peers if p.health.out_until is not None]

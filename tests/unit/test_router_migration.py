@@ -377,6 +377,31 @@ def test_peer_health_ejects_and_takes_back():
     h.succeeded()
     assert not h.out and h.failures == 0
     assert h.failed(unreachable=True) and h.out  # unreachable: out at once
+    h.checked = True  # with a health checker, out until it answers
+    t[0] += 1000
+    assert h.out
+
+
+def test_the_health_checker_takes_a_peer_back():
+    from sglang_pdd.router.peer_health import HealthChecker
+    import aiohttp
+
+    async def go():
+        async with fu.FakeCluster() as cl:
+            pools = cl.pools()
+            checker = HealthChecker(pools, interval_s=0.1)
+            md = pools[2].peers[0]
+            md.health.failed(unreachable=True)
+            async with aiohttp.ClientSession() as s:
+                await checker.check_once(s)
+                back = not md.health.out
+                await cl.servers[2].close()
+                md.health.failed(unreachable=True)
+                await checker.check_once(s)
+                return back, md.health.out
+
+    back, still_out = run(go())
+    assert back and still_out
 
 
 def test_pick_skips_peers_out_of_service():
