@@ -1,7 +1,7 @@
 """Request migration (issue 18) over the router's HTTP front with fake roles that continue a prompt as
 one fixed model would (output i of an L-token prompt is token(L + i)): a role that fails mid-stream
 costs no request, the client's stream has no gap and no duplicate, and what may not migrate still
-fails with a clear error. Plus the pure parts: the migration policy, the resumed request, peer health."""
+fails with a clear error. The policy alone: test_migration_policy.py; peer health: test_peer_health.py."""
 
 import asyncio
 import json
@@ -10,12 +10,7 @@ import pytest
 from aiohttp import web
 
 from sglang_pdd.metrics import parse_exposition
-from sglang_pdd.policy.pipeline import Pipeline
 from sglang_pdd.protocol.handoff_finish import HandoffFinish
-from sglang_pdd.router import migration
-from sglang_pdd.router.peer_health import PeerHealth
-from sglang_pdd.router.peers import Peer, PeerPool
-from sglang_pdd.router.upstream import UpstreamError
 from sglang_pdd.testing import fake_upstream as fu
 
 PROMPT = [5, 6, 7]
@@ -319,100 +314,3 @@ def test_an_unreachable_md_is_ejected_and_health_says_so():
     assert health[0] == 200 and health[1]["out"] == {"main": [cl.url(2)]} and health[1]["down"] == []
     assert second == 200 and len(cl.main2.bodies) == 2
     assert down[0] == 503 and down[1]["down"] == ["main"]
-
-
-# -- the pure parts -------------------------------------------------------------------------------
-@pytest.mark.parametrize("role, main_ok, relay_ok, want", [
-    ("main", True, True, Pipeline.P_MD),
-    ("main", False, True, Pipeline.P_RLD),
-    ("main", False, False, Pipeline.P_MD),
-    ("relay", True, False, Pipeline.P_MD),
-    ("relay", False, True, Pipeline.P_RLD),
-    ("prefill", True, True, Pipeline.P_MD),
-])
-def test_the_path_after_a_failure(role, main_ok, relay_ok, want):
-    d = migration.decide(role, "unreachable", 0, 1, {}, 3, main_ok=main_ok, relay_ok=relay_ok)
-    assert d.pipeline is want
-
-
-@pytest.mark.parametrize("cause, n, sp, sent", [
-    (None, 0, {}, 3),  # a client's error
-    ("5xx", 1, {}, 3),  # the limit
-    ("5xx", 0, {"regex": "a+"}, 3),  # its grammar would start over
-])
-def test_what_does_not_migrate(cause, n, sp, sent):
-    assert migration.decide("main", cause, n, 1, sp, sent, main_ok=True, relay_ok=True).pipeline is None
-
-
-def test_constrained_decoding_migrates_before_any_token():
-    assert migration.decide("main", "5xx", 0, 1, {"regex": "a+"}, 0, main_ok=True, relay_ok=True).pipeline
-
-
-def test_causes():
-    assert migration.cause_of(UpstreamError("main", "u", 400, "bad")) is None
-    assert migration.cause_of(UpstreamError("main", "u", 503, "busy")) == "5xx"
-    assert migration.cause_of(UpstreamError("main", "u", None, "x", kind="unreachable")) == "unreachable"
-    assert migration.cause_of(UpstreamError("main", "u", None, "x", kind="abort")) == "abort"
-    assert migration.cause_of(UpstreamError("main", "u", 400, "x", kind="abort")) is None
-    assert migration.cause_of(KeyError("bug")) is None
-
-
-def test_the_resumed_request():
-    ids, sp = migration.resumed_request([1, 2], {"max_new_tokens": 10, "min_new_tokens": 4, "temperature": 0.5,
-                                                 "sampling_seed": 7}, [3, 4, 5])
-    assert ids == [1, 2, 3, 4, 5]
-    assert sp == {"max_new_tokens": 7, "min_new_tokens": 1, "temperature": 0.5, "sampling_seed": 7}
-    assert migration.resumed_request([1], {"max_new_tokens": 3}, [1, 2, 3]) is None
-    assert migration.continued_finish({"type": "length", "length": 7}, 3) == {"type": "length", "length": 10}
-    assert migration.continued_finish({"type": "stop", "matched": 2}, 3) == {"type": "stop", "matched": 2}
-
-
-def test_peer_health_ejects_and_takes_back():
-    t = [0.0]
-    h = PeerHealth(eject_after=3, backoff_s=5, max_backoff_s=8, now=lambda: t[0])
-    assert not h.failed() and not h.failed() and h.failed() and h.out
-    t[0] = 5.1
-    assert not h.out  # the back-off is over: it gets a try
-    assert h.failed() and h.out_until == pytest.approx(5.1 + 8)  # doubled, capped
-    h.succeeded()
-    assert not h.out and h.failures == 0
-    assert h.failed(unreachable=True) and h.out  # unreachable: out at once
-    h.checked = True  # with a health checker, out until it answers
-    t[0] += 1000
-    assert h.out
-
-
-def test_the_health_checker_takes_a_peer_back():
-    from sglang_pdd.router.peer_health import HealthChecker
-    import aiohttp
-
-    async def go():
-        async with fu.FakeCluster() as cl:
-            pools = cl.pools()
-            checker = HealthChecker(pools, interval_s=0.1)
-            md = pools[2].peers[0]
-            md.health.failed(unreachable=True)
-            async with aiohttp.ClientSession() as s:
-                await checker.check_once(s)
-                back = not md.health.out
-                await cl.servers[2].close()
-                md.health.failed(unreachable=True)
-                await checker.check_once(s)
-                return back, md.health.out
-
-    back, still_out = run(go())
-    assert back and still_out
-
-
-def test_pick_skips_peers_out_of_service():
-    a, b = Peer("http://a"), Peer("http://b")
-    for policy in ("least-loaded", "round-robin"):
-        pool = PeerPool("main", [a, b], policy)
-        a.health.failed(unreachable=True)
-        assert pool.healthy() == [b] and pool.out() == [a]
-        assert {pool.pick().url for _ in range(4)} == {"http://b"}
-        b.health.failed(unreachable=True)
-        assert pool.healthy() == [a, b]  # none in service: every peer gets a try
-        assert pool.pick(exclude=(a,)) is b
-        a.health.succeeded(), b.health.succeeded()
-        assert pool.out() == []
