@@ -314,3 +314,25 @@ def test_an_unreachable_md_is_ejected_and_health_says_so():
     assert health[0] == 200 and health[1]["out"] == {"main": [cl.url(2)]} and health[1]["down"] == []
     assert second == 200 and len(cl.main2.bodies) == 2
     assert down[0] == 503 and down[1]["down"] == ["main"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_openai_path_migrates_with_one_seamless_text(stream):
+    async def go():
+        async with fu.FakeCluster(main2=fu.FakeRole("main")) as cl:
+            cl.main.behaviour, cl.main2.behaviour = model(fail_at=5), model()
+            async with fu.router_client(cl, migration_limit=1) as c:
+                r = await c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 12, "stream": stream})
+                return r.status, await r.text()
+
+    status, text = run(go())
+    assert status == 200, text
+    if stream:
+        chunks = [json.loads(x[5:]) for x in text.split("\n") if x.startswith("data:") and "[DONE]" not in x]
+        assert all("error" not in c for c in chunks), chunks
+        got = "".join(c["choices"][0]["text"] for c in chunks)
+        reason = chunks[-1]["choices"][0]["finish_reason"]
+    else:
+        choice = json.loads(text)["choices"][0]
+        got, reason = choice["text"], choice["finish_reason"]
+    assert got == "".join(map(chr, reference(12))) and reason == "length"
