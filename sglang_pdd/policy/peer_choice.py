@@ -88,12 +88,14 @@ class PeerChooser:
             return Choice(live[0], "the only healthy server")
         if self.cfg.policy == "round-robin":
             return Choice(live[next(self._rr) % len(live)], "round-robin")
-        by_load = self._among(live, lambda i: (candidates[i].load, candidates[i].kv_usage))
+        def by_load() -> int:
+            return self._among(live, lambda i: (candidates[i].load, candidates[i].kv_usage))
+
         if self.cfg.policy == "least-loaded":
-            return Choice(by_load, "least-loaded")
+            return Choice(by_load(), "least-loaded")
         costs = tuple(self.cost(c, input_len) if c.healthy else float("inf") for c in candidates)
         if any(not candidates[i].fresh for i in live):
-            return Choice(by_load, "a cache view is stale: least-loaded", costs)
+            return Choice(by_load(), "a cache view is stale: least-loaded", costs)
         loads = [candidates[i].load for i in live]
         lo, hi = min(loads), max(loads)
         if hi - lo > self.cfg.balance_abs and hi > self.cfg.balance_rel * lo:

@@ -157,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--bandwidth-poll-s", type=float, default=2.0,
                     help="read prefill's completed-transfer counters this often to update the WAN "
                          "bandwidth estimate (0: keep --wan-mbit)")
+    ap.add_argument("--migration-limit", type=int, default=1,
+                    help="re-issue a request whose serving role failed mid-stream (unreachable, 5xx, an abort "
+                         "the router did not ask for, an idle deadline) this many times, from its prompt plus "
+                         "the tokens already streamed, on a healthy path (0: the client gets the error)")
+    ap.add_argument("--health-check-s", type=float, default=2.0,
+                    help="ask each peer out of service for /health this often; a 200 takes it back (0: never)")
     ap.add_argument("--log-level", default="info")
     return ap
 
@@ -200,8 +206,13 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("timeouts must be positive")
         if args.load_poll_s < 0:
             raise ValueError("--load-poll-s must be >= 0")
+        if args.migration_limit < 0:
+            raise ValueError("--migration-limit must be 0 or more")
         d = Dispatcher(prefill, relay, main_, DispatchConfig(args.pipeline, args.request_timeout, args.bandwidth_poll_s,
-                                                             load_poll_s=args.load_poll_s, idle_timeout_s=idle),
+                                                             load_poll_s=args.load_poll_s,
+                                                             migration_limit=args.migration_limit,
+                                                             health_check_s=args.health_check_s,
+                                                             idle_timeout_s=idle),
                        decode=lambda ids: tok.decode(ids, skip_special_tokens=True), policy=policy,
                        kv_events=kv_events)
     except ValueError as e:

@@ -65,6 +65,9 @@ class RouterMetrics:
                                ("role", "peer"), registry=self.registry)
         self.peer_in_flight = Gauge("sglang_pdd_router_peer_in_flight", "This router's requests on each server",
                                     ("role", "peer"), registry=self.registry)
+        self.migrations = Counter("sglang_pdd_router_migrations", "Requests re-issued after a role's failure, "
+                                  "by cause and outcome (completed, failed; not-migrated: a failure that "
+                                  "ended the request unmigrated)", ("cause", "outcome"), registry=self.registry)
         self.ttft = Histogram("sglang_pdd_router_ttft_seconds", "Time from a request's arrival at the router "
                               "to its first output token, by pipeline", ("pipeline",), buckets=TTFT_BUCKETS,
                               registry=self.registry)
@@ -88,6 +91,10 @@ class RouterMetrics:
         self.tokens.labels("main").inc(n_tokens - relay_tokens)
         if outcome.handoff_k is not None:
             self.handoffs.labels(outcome.handoff_mode or "unknown").inc()
+        for cause in outcome.migrations:
+            self.migrations.labels(cause, "completed" if ok else "failed").inc()
+        if not ok and outcome.unmigrated is not None:
+            self.migrations.labels(outcome.unmigrated, "not-migrated").inc()
         if ok and outcome.pipeline and outcome.pipeline.value == "P->RLD" and outcome.missed_bytes:
             self.avoided.labels("odd-traffic" if outcome.reason.startswith("odd") else "relay-only").inc(
                 outcome.missed_bytes)
@@ -123,7 +130,12 @@ class RouterApp:
         self.prep.close()
 
     async def health(self, _req):
-        return web.Response(text="ok")
+        """200 while every configured role has a peer in service, else 503; the body lists the peers out."""
+        pools = [pool for pool in (self.d.prefill, self.d.relay, self.d.main) if pool]
+        out = {pool.role: [p.url for p in pool.out()] for pool in pools}
+        down = [pool.role for pool in pools if len(out[pool.role]) == len(pool.peers)]
+        body = {"status": "degraded" if down else "ok", "out": {r: u for r, u in out.items() if u}, "down": down}
+        return web.json_response(body, status=503 if down else 200)
 
     async def models(self, _req):
         return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model"}]})
@@ -215,7 +227,8 @@ class RouterApp:
                         "handoff_tokens": outcome.handoff_k, "handoff_mode": outcome.handoff_mode,
                         "reason": outcome.reason, "md_hit": outcome.md_hit, "missed_bytes": outcome.missed_bytes,
                         "predicted_wan_s": outcome.predicted_wan_s, "rld_in_flight": outcome.rld_in_flight,
-                        "md": outcome.main_choice.public() if outcome.main_choice else None}}
+                        "md": outcome.main_choice.public() if outcome.main_choice else None,
+                        "migrations": len(outcome.migrations), "migration_causes": list(outcome.migrations)}}
         if outcome.output_logprobs is not None:
             meta["output_token_logprobs"] = outcome.output_logprobs
         return meta

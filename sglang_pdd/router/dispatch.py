@@ -18,7 +18,9 @@ import aiohttp
 
 from sglang_pdd.cache.kv_subscriber import KvEventSource
 from sglang_pdd.protocol import room_plan
-from sglang_pdd.router import admission, load_feed, upstream
+from sglang_pdd.protocol.handoff_finish import HandoffFinish
+from sglang_pdd.router import admission, load_feed, migration, upstream
+from sglang_pdd.router.peer_health import HealthChecker
 from sglang_pdd.router.peers import Peer, PeerPool
 from sglang_pdd.policy.pipeline import Pipeline, PipelinePolicy, RouteInputs
 from sglang_pdd.router.bandwidth_feed import TransferRateFeed
@@ -36,6 +38,26 @@ class RequestFailed(RuntimeError):
         self.status = status
 
 
+class RoleFailure(Exception):
+    """A role's failure as the drain met it: `failed` is what the client hears unless it migrates;
+    `cause` is None when it may not migrate (`migration.cause_of`)."""
+
+    def __init__(self, role: str, cause: str | None, failed: RequestFailed):
+        super().__init__(str(failed))
+        self.role, self.cause, self.failed = role, cause, failed
+
+
+@dataclass
+class Attempt:
+    """One try at a request: its pipeline and peers (role -> peer, None where not used); a migrated
+    one goes on after `prefix`, the tokens the client already has."""
+
+    pipeline: Pipeline
+    peers: dict[str, Peer | None]
+    prefix: list[int] = field(default_factory=list)
+    migrated: bool = False
+
+
 ROLES = ("prefill", "relay", "main")
 
 
@@ -45,6 +67,8 @@ class DispatchConfig:
     request_timeout_s: float = 600.0
     bandwidth_poll_s: float = 2.0  # read P's completed-transfer counters this often (0: never)
     load_poll_s: float = 1.0  # read every peer's load gauges this often (0: never; in-flight counts only)
+    migration_limit: int = 1  # migrations per request after a role's failure (0: none)
+    health_check_s: float = 2.0  # ask ejected peers for /health this often (0: never)
     # Longest wait for a role's next chunk (P: for its one reply). MD's first chunk comes only after
     # its KV landed and it took over from RLD, so its deadline must outlast the handoff timeout.
     idle_timeout_s: dict[str, float] = field(default_factory=lambda: {"prefill": 600.0, "relay": 120.0,
@@ -68,6 +92,8 @@ class Outcome:
     predicted_wan_s: float | None = None
     rld_in_flight: int | None = None  # requests in flight on the chosen relay at the decision
     main_choice: MainChoice | None = None  # which MD, and what the choice saw
+    migrations: list[str] = field(default_factory=list)  # the cause of each migration, in order
+    unmigrated: str | None = None  # the cause of the failure that ended the request unmigrated
 
 
 class Dispatcher:
@@ -91,6 +117,9 @@ class Dispatcher:
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         for sub in self.kv_subscribers:
             sub.start()
+        if self.cfg.health_check_s > 0:
+            checker = HealthChecker((self.prefill, self.relay, self.main), self.cfg.health_check_s)
+            self._health_task = asyncio.create_task(checker.run_forever(self.session))
         if self.policy is not None and self.cfg.bandwidth_poll_s > 0:
             sites = {p.host: p.site for p in self.main.peers}
             self.feed = TransferRateFeed(self.policy.links, site_of=lambda host: sites.get(host, ""))
@@ -103,7 +132,8 @@ class Dispatcher:
     async def close(self) -> None:
         await asyncio.gather(*self._releasing, return_exceptions=True)
         await asyncio.gather(*(sub.close() for sub in self.kv_subscribers))
-        for task in (getattr(self, "_feed_task", None), getattr(self, "_load_task", None)):
+        for task in (getattr(self, "_feed_task", None), getattr(self, "_load_task", None),
+                     getattr(self, "_health_task", None)):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
@@ -131,42 +161,93 @@ class Dispatcher:
     async def generate(self, input_ids: list[int], sampling_params: dict, extra: dict,
                        outcome: Outcome, pipeline: str | None = None) -> AsyncIterator[Delta]:
         """`pipeline` (auto, relay, direct) overrides --pipeline for this request. Whatever PDD
-        parameters the client put in `sampling_params` are dropped: the router sets its own."""
+        parameters the client put in `sampling_params` are dropped: the router sets its own. A role's
+        failure migrates the rest of the request (`router.migration`) up to --migration-limit times."""
         sampling_params = admission.without_internal(sampling_params)
         try:
             p, mc = self.placement.pick_prefill(input_ids), self.placement.pick_main(input_ids)
             md, outcome.main_choice = mc.peer, mc
-            pipeline, why = self.choose(input_ids, int(sampling_params.get("max_new_tokens") or 128), mc, outcome,
-                                        mode=pipeline)
-            outcome.pipeline, outcome.reason = pipeline, why
-            rld = self.placement.pick_relay(input_ids) if pipeline is not Pipeline.P_MD else None
-        except LookupError as e:  # a role with no server in service
+            chosen, why = self.choose(input_ids, int(sampling_params.get("max_new_tokens") or 128), mc, outcome,
+                                      mode=pipeline)
+            outcome.pipeline, outcome.reason = chosen, why
+            rld = self.placement.pick_relay(input_ids) if chosen is not Pipeline.P_MD else None
+        except LookupError as e:  # a role with no server configured
             raise RequestFailed(str(e), status=503) from None
         if rld is not None:
             outcome.rld_in_flight = rld.in_flight
-        rooms = room_plan.new_rooms()
-        plan = room_plan.plan({"input_ids": list(input_ids), "sampling_params": dict(sampling_params), **extra},
-                              pipeline, p.host, p.bootstrap_port, rld.token_channel if rld is not None else None,
-                              rooms=rooms, rid=f"pdd-{rooms[0]:x}")
-        peers = {"prefill": p, "relay": rld, "main": md}
-        calls = [(name, peers[name], body) for name, body in plan.bodies.items()]
-        queues, tasks = self._start(calls)
+        a = Attempt(chosen, {"prefill": p, "relay": rld, "main": md})
         stitcher = Stitcher(self.decode) if rld is not None else Stitcher(self.decode).direct()
         lp: list = []
+        while a is not None:
+            try:
+                async for d in self._attempt(a, input_ids, sampling_params, extra, outcome, stitcher, lp):
+                    yield d
+                return
+            except RoleFailure as f:
+                a = self._migrate(f, a, sampling_params, outcome, stitcher, lp)
+        # nothing was left to generate: the client's request ends at its length
+        yield stitcher.feed_main(list(stitcher.ids), {"type": "length",
+                                                       "length": int(sampling_params.get("max_new_tokens") or 128)})
+
+    def _migrate(self, f: "RoleFailure", a: "Attempt", sampling_params: dict, outcome: Outcome,
+                 stitcher: Stitcher, lp: list) -> "Attempt | None":
+        """The next attempt after `f`, or raise its failure; None: nothing is left to generate."""
+        peer = a.peers.get(f.role)
+        if peer is not None and f.cause == "idle":  # the others were counted where they happened (_run)
+            peer.health.failed()
+        if f.cause is not None and migration.resumed_request([], sampling_params, stitcher.ids) is None:
+            return None  # the client has every token it asked for: nothing to migrate
+
+        def in_service(pool: PeerPool) -> bool:  # a peer of the pool other than the failed one
+            return any(x is not peer and not x.health.out for x in pool.peers)
+
+        d = migration.decide(f.role, f.cause, len(outcome.migrations), self.cfg.migration_limit,
+                             sampling_params, len(stitcher.ids), main_ok=in_service(self.main),
+                             relay_ok=in_service(self.relay))
+        if d.pipeline is None:
+            outcome.unmigrated = f.cause
+            logger.info("not migrating after %s failed (%s): %s", f.role, f.cause, d.reason)
+            raise f.failed
+        logger.info("migrating after %s failed (%s) with %d tokens sent: %s, %s", f.role, f.cause,
+                    len(stitcher.ids), d.pipeline.value, d.reason)
+        outcome.migrations.append(f.cause)
+        exclude = (peer,) if peer is not None else ()
+        peers = {"prefill": self.prefill.pick(exclude if f.role == "prefill" else ()),
+                 "main": self.main.pick(exclude if f.role == "main" else ()) if d.pipeline is Pipeline.P_MD else None,
+                 "relay": self.relay.pick(exclude if f.role == "relay" else ()) if d.pipeline is Pipeline.P_RLD else None}
+        stitcher.resume()
+        del lp[len(stitcher.ids):]
+        return Attempt(d.pipeline, peers, prefix=list(stitcher.ids), migrated=True)
+
+    async def _attempt(self, a: "Attempt", input_ids: list[int], sampling_params: dict, extra: dict,
+                       outcome: Outcome, stitcher: Stitcher, lp: list) -> AsyncIterator[Delta]:
+        """One try at the request on `a`'s peers; a migrated one goes on from `a.prefix`."""
+        p, rld, md = a.peers["prefill"], a.peers["relay"], a.peers["main"]
+        ids, sp = (list(input_ids), dict(sampling_params)) if not a.migrated else \
+            migration.resumed_request(input_ids, sampling_params, a.prefix)
+        rooms = room_plan.new_rooms()
+        plan = room_plan.plan({"input_ids": ids, "sampling_params": sp, **extra},
+                              a.pipeline, p.host, p.bootstrap_port, rld.token_channel if rld is not None else None,
+                              rooms=rooms, rid=f"pdd-{rooms[0]:x}")
+        calls = [(name, a.peers[name], body) for name, body in plan.bodies.items()]
+        queues, tasks = self._start(calls)
+        feed_relay, feed_main = stitcher.feed_relay, stitcher.feed_main
+        if a.migrated:
+            feed_relay = feed_main = self._continued(stitcher, a.prefix)
         try:
             if rld is not None:
-                async for d in self._drain("relay", queues["relay"], stitcher.feed_relay, lp):
+                async for d in self._drain("relay", queues["relay"], feed_relay, lp, len(a.prefix)):
                     yield d
                 if stitcher.done:  # the relay finished the request itself
                     outcome.output_logprobs = lp or None
-                    if pipeline is Pipeline.P_RLD_MD:  # MD keeps landing its KV: the next turn hits it
+                    if a.pipeline is Pipeline.P_RLD_MD:  # MD keeps landing its KV: the next turn hits it
                         # P's copy too: P answers only once MD's part is done, and aborting it would
                         # fail MD's transfer.
                         self._leave_running([t for (name, _, _), t in zip(calls, tasks) if name in ("main", "prefill")])
                         self.placement.landed(md, input_ids)  # MD gets the prompt, not RLD's output
                     return
                 outcome.handoff_k, outcome.handoff_mode = stitcher.handoff_k, stitcher.handoff_mode
-            async for d in self._drain("main", queues["main"], stitcher.feed_main, lp):
+            async for d in self._drain("main", queues["main"], feed_main, lp, len(a.prefix)):
                 yield d
             outcome.output_logprobs = lp or None
             self.placement.landed(md, list(input_ids) + stitcher.ids)
@@ -177,6 +258,15 @@ class Dispatcher:
             self._releasing.add(release)
             release.add_done_callback(self._releasing.discard)
             await asyncio.shield(release)
+
+    @staticmethod
+    def _continued(stitcher: Stitcher, prefix: list[int]):
+        """A resumed copy's feed: its output follows `prefix` in the client's stream."""
+        def feed(output_ids: list[int], reason: dict | None) -> Delta:
+            if HandoffFinish.from_finish(reason) is not None:
+                raise StitchError("a handoff on a migrated copy")
+            return stitcher.feed_main(prefix + list(output_ids), migration.continued_finish(reason, len(prefix)))
+        return feed
 
     def _start(self, calls: list[tuple[str, Peer, dict]]) -> tuple[dict[str, asyncio.Queue], list[asyncio.Task]]:
         """One task per role's copy; RLD's and MD's chunks go to a queue each. P's failure ends the
@@ -212,11 +302,14 @@ class Dispatcher:
             if role == "prefill":  # P answers once its KV went out; its reply carries nothing the client sees
                 await upstream.post_json(self.session, role, peer.url, "/generate", body,
                                          self.cfg.idle(role))
+                peer.health.succeeded()
                 return
             async for chunk in upstream.stream_generate(self.session, role, peer.url, body, self.cfg.request_timeout_s):
                 await to[0].put(chunk)
+            peer.health.succeeded()
         except Exception as e:
             if isinstance(e, upstream.UpstreamError):
+                self._count_failure(peer, e)
                 logger.info("%s copy of %s ended with %s", role, body.get("rid"), e)
             else:
                 logger.exception("%s copy of %s failed", role, body.get("rid"))
@@ -225,15 +318,29 @@ class Dispatcher:
         finally:
             peer.in_flight -= 1
 
-    async def _drain(self, role: str, q: asyncio.Queue, feed, lp: list) -> AsyncIterator[Delta]:
-        idle = self.cfg.idle(role)
+    def _count_failure(self, peer: Peer, e: "upstream.UpstreamError") -> None:
+        """A copy that failed on its own counts against its peer's health; not a client's error (4xx),
+        not a copy left to finish in the background (RLD's Finished aborts MD's)."""
+        if asyncio.current_task() in self._background or migration.cause_of(e) is None:
+            return
+        if peer.health.failed(unreachable=e.kind == "unreachable"):
+            logger.warning("%s %s is out of service after %d failures in a row", e.role, peer.url,
+                           peer.health.failures)
+
+    async def _drain(self, role: str, q: asyncio.Queue, feed, lp: list, lp_offset: int = 0) -> AsyncIterator[Delta]:
+        """`lp_offset`: the client's tokens before this copy's output (a migrated copy)."""
+        idle, started = self.cfg.idle(role), False
         while True:
             try:  # a chunk already waiting needs no timer (wait_for costs a task per call)
                 item = q.get_nowait() if not q.empty() else await asyncio.wait_for(q.get(), idle)
             except TimeoutError:
-                raise RequestFailed(f"{role}: no output for {idle:g}s", status=504) from None
+                raise RoleFailure(role, "idle", RequestFailed(f"{role}: no output for {idle:g}s", status=504)) from None
             if isinstance(item, Exception):
-                raise _failure(item)
+                failed_role = getattr(item, "role", role)
+                if role == "relay" and started and failed_role == "prefill":
+                    continue  # RLD has its KV and streams on; P's failure is MD's (its queue has it too)
+                raise RoleFailure(failed_role, migration.cause_of(item), _failure(item))
+            started = True
             meta = item.get("meta_info") or {}
             reason = meta.get("finish_reason")
             try:
@@ -245,7 +352,7 @@ class Dispatcher:
                 raise RequestFailed(f"{role}: a malformed stream chunk", status=502) from None
             got = meta.get("output_token_logprobs")
             if got:  # cumulative, aligned with output_ids; after the handoff MD's repeats t1..tk
-                lp.extend(got[len(lp):])
+                lp.extend(got[len(lp) - lp_offset:])
             if delta.token_ids or delta.text or delta.finish_reason:
                 yield delta
             if reason is not None:

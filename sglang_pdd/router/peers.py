@@ -1,5 +1,7 @@
 """The router's view of its peers: which P, RLD and MD servers exist, how loaded each is, and which
-one gets a request (`policy.peer_choice` scores them)."""
+one gets a request (`policy.peer_choice` scores them).
+
+A peer out of service (`peer_health`) is skipped while another of its role is in service."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
 from sglang_pdd.policy.peer_choice import Candidate, Choice, ChoiceConfig, PeerChooser
+from sglang_pdd.router.peer_health import PeerHealth
 
 
 @dataclass
@@ -18,6 +21,7 @@ class Peer:
     in_flight: int = 0  # this router's requests on it
     running: float = 0.0  # requests running and queued on it, from its /metrics (every router's)
     kv_usage: float = 0.0  # its KV pool's usage (0..1), from its /metrics
+    health: PeerHealth = field(default_factory=PeerHealth, compare=False, repr=False)
 
     @property
     def host(self) -> str:
@@ -48,24 +52,34 @@ class PeerPool:
     def __bool__(self) -> bool:
         return bool(self.peers)
 
-    def in_service(self, peer: Peer) -> bool:
-        """Whether `peer` may get new requests."""
-        return True
+    def healthy(self) -> list[Peer]:
+        """The peers in service (all of them when none is: a request then still gets a try)."""
+        return [p for p in self.peers if not p.health.out] or list(self.peers)
 
-    def candidate(self, peer: Peer, **known) -> Candidate:
-        return Candidate(peer.url, load=peer.load, kv_usage=peer.kv_usage, healthy=self.in_service(peer),
-                         site=peer.site, **known)
+    def out(self) -> list[Peer]:
+        return [p for p in self.peers if p.health.out]
+
+    def eligible(self, exclude: tuple[Peer, ...] = ()) -> list[Peer]:
+        """The peers in service other than `exclude` (those too, where no other is in service)."""
+        ok = self.healthy()
+        return [p for p in ok if all(p is not x for x in exclude)] or ok
+
+    def candidates(self, known: list[dict] | None = None, exclude: tuple[Peer, ...] = ()) -> list[Candidate]:
+        """One candidate per peer, in order, with what the caller knows of each (`known[i]`)."""
+        ok = {id(p) for p in self.eligible(exclude)}
+        return [Candidate(p.url, load=p.load, kv_usage=p.kv_usage, healthy=id(p) in ok, site=p.site,
+                          **(known[i] if known else {})) for i, p in enumerate(self.peers)]
 
     def choose(self, candidates: list[Candidate], input_len: int) -> tuple[Peer, Choice]:
         """The peer the chooser picks among `candidates` (one per peer, in order)."""
         if not self.peers:
             raise LookupError(f"no {self.role} server configured")
-        try:
-            c = self.chooser.choose(candidates, input_len)
-        except LookupError:
-            raise LookupError(f"no {self.role} server in service") from None
+        c = self.chooser.choose(candidates, input_len)
         return self.peers[c.index], c
 
-    def pick(self) -> Peer:
-        """By load alone (nothing known of caches)."""
-        return self.choose([self.candidate(p) for p in self.peers], 0)[0]
+    def pick(self, exclude: tuple[Peer, ...] = ()) -> Peer:
+        """By load alone (nothing known of caches), a peer in service other than `exclude` where
+        another is in service."""
+        if not self.peers:
+            raise LookupError(f"no {self.role} server configured")
+        return self.choose(self.candidates(exclude=exclude), 0)[0]

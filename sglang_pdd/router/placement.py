@@ -65,29 +65,30 @@ class Placement:
         self.views, self.kv_subscribers = main_views([p.url for p in self.main.peers], self.kv_events)
         self.prefill_views = {p.url: PrefixView() for p in self.prefill.peers}
 
-    def pick_prefill(self, ids: list[int]) -> Peer:
+    def pick_prefill(self, ids: list[int], exclude: tuple[Peer, ...] = ()) -> Peer:
         pool = self.prefill
-        cands = [pool.candidate(p, hit=self.prefill_views[p.url].match(ids)) for p in pool.peers]
+        cands = pool.candidates([{"hit": self.prefill_views[p.url].match(ids)} for p in pool.peers], exclude)
         peer, _ = pool.choose(cands, len(ids))
         self.prefill_views[peer.url].insert(list(ids))
         return peer
 
-    def pick_main(self, ids: list[int]) -> MainChoice:
+    def pick_main(self, ids: list[int], exclude: tuple[Peer, ...] = ()) -> MainChoice:
         pool, kvb = self.main, self.policy.cfg.kv_bytes_per_token if self.policy is not None else None
-        cands = []
+        known = []
         for p in pool.peers:
             view = self.views[p.url]
             hit = view.match(ids)
             wan = (self.policy.predict_wan_s((len(ids) - min(hit, len(ids))) * kvb, p.site)
                    if kvb is not None else None)
-            cands.append(pool.candidate(p, hit=hit, wan_s=wan, fresh=_fresh(view)))
+            known.append({"hit": hit, "wan_s": wan, "fresh": _fresh(view)})
+        cands = pool.candidates(known, exclude)
         peer, c = pool.choose(cands, len(ids))
         return MainChoice(peer, c.index, cands[c.index].hit, len(ids), peer.site, c.reason, tuple(x.hit for x in cands),
                           tuple(x.load for x in cands), tuple(x.wan_s for x in cands))
 
-    def pick_relay(self, ids: list[int]) -> Peer:
+    def pick_relay(self, ids: list[int], exclude: tuple[Peer, ...] = ()) -> Peer:
         pool = self.relay
-        return pool.choose([pool.candidate(p, hit=len(ids)) for p in pool.peers], len(ids))[0]
+        return pool.choose(pool.candidates([{"hit": len(ids)}] * len(pool.peers), exclude), len(ids))[0]
 
     def landed(self, md: Peer, ids: list[int]) -> None:
         """MD now caches `ids` (a prompt, or prompt + output)."""

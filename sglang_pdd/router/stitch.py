@@ -102,6 +102,11 @@ class Stitcher:
             self._main_checked = True
         return self._advance(output_ids, finish_reason)
 
+    def resume(self) -> None:
+        """A migrated copy feeds the client from here on (through `feed_main`, its output after the
+        tokens already sent): no relay, no eager tokens to check."""
+        self.source, self._main_checked = "main", True
+
     def direct(self) -> "Stitcher":
         """Use for the P->MD pipeline: MD is the only source from the start."""
         self.source, self.handoff_k = "main", 0

@@ -6,7 +6,8 @@ here from raw chunks instead, bounded only by `MAX_LINE` (far beyond any real ou
 
 An `UpstreamError` keeps two messages: `str(e)` names the server's URL (for the router's log) and
 `public` does not (for the client); `status` is the upstream's HTTP status or the `code` sglang
-reported inside a 200 stream (None when the server could not be reached or broke the stream).
+reported inside a 200 stream (None when the server could not be reached or broke the stream);
+`kind` says how it failed (http, error, abort, unreachable, broken, timeout; see `router.migration`).
 """
 
 from __future__ import annotations
@@ -30,16 +31,18 @@ def _body(body: dict) -> bytes:
 
 
 class UpstreamError(RuntimeError):
-    def __init__(self, role: str, url: str, status: int | None, message: str, public: str | None = None):
+    def __init__(self, role: str, url: str, status: int | None, message: str, public: str | None = None,
+                 kind: str = "http"):
         super().__init__(f"{role} {url}: {f'HTTP {status}: ' if status else ''}{message}")
-        self.role, self.url, self.status = role, url, status
+        self.role, self.url, self.status, self.kind = role, url, status, kind
         self.public = public or f"{role}: {f'HTTP {status}: ' if status else ''}{message}".replace(url, f"<{role}>")
 
 
 def _unreachable(role: str, url: str, e: Exception) -> UpstreamError:
     """aiohttp's message names the host and port: only the log gets it."""
     return UpstreamError(role, url, None, f"{type(e).__name__}: {e}",
-                         public=f"{role}: the server failed or could not be reached ({type(e).__name__})")
+                         public=f"{role}: the server failed or could not be reached ({type(e).__name__})",
+                         kind="unreachable")
 
 
 def _error_message(text: str) -> str:
@@ -58,7 +61,7 @@ def _stream_error(role: str, url: str, err) -> UpstreamError:
     code = err.get("code") if isinstance(err, dict) else None
     msg = err.get("message", err) if isinstance(err, dict) else err
     status = code if isinstance(code, int) and 400 <= code <= 599 else None
-    return UpstreamError(role, url, status, str(msg)[:500])
+    return UpstreamError(role, url, status, str(msg)[:500], kind="error")
 
 
 async def sse_lines(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
@@ -98,22 +101,23 @@ async def stream_generate(session: aiohttp.ClientSession, role: str, url: str, b
                 try:
                     chunk = _json.decode(data)
                 except (msgspec.DecodeError, ValueError):
-                    raise UpstreamError(role, url, None, "sent a stream chunk that is not JSON") from None
+                    raise UpstreamError(role, url, None, "sent a stream chunk that is not JSON", kind="broken") from None
                 if not isinstance(chunk, dict):
-                    raise UpstreamError(role, url, None, "sent a stream chunk that is not an object")
+                    raise UpstreamError(role, url, None, "sent a stream chunk that is not an object", kind="broken")
                 if "error" in chunk:
                     raise _stream_error(role, url, chunk["error"])
                 reason = (chunk.get("meta_info") or {}).get("finish_reason")
                 if isinstance(reason, dict) and reason.get("type") == "abort":
-                    raise UpstreamError(role, url, reason.get("status_code"), reason.get("message", "aborted"))
+                    raise UpstreamError(role, url, reason.get("status_code"), reason.get("message", "aborted"),
+                                        kind="abort")
                 yield chunk
                 if reason is not None:
                     return
-            raise UpstreamError(role, url, None, "the stream ended without a finish reason")
+            raise UpstreamError(role, url, None, "the stream ended without a finish reason", kind="broken")
     except aiohttp.ClientError as e:
         raise _unreachable(role, url, e) from None
     except TimeoutError:
-        raise UpstreamError(role, url, None, f"no answer within {timeout_s:g}s") from None
+        raise UpstreamError(role, url, None, f"no answer within {timeout_s:g}s", kind="timeout") from None
 
 
 async def post_json(session: aiohttp.ClientSession, role: str, url: str, path: str, body: dict,
@@ -129,12 +133,13 @@ async def post_json(session: aiohttp.ClientSession, role: str, url: str, path: s
     except aiohttp.ClientError as e:
         raise _unreachable(role, url, e) from None
     except TimeoutError:
-        raise UpstreamError(role, url, None, f"no answer within {timeout_s:g}s") from None
+        raise UpstreamError(role, url, None, f"no answer within {timeout_s:g}s", kind="timeout") from None
     except ValueError:
-        raise UpstreamError(role, url, None, "answered with a body that is not JSON") from None
+        raise UpstreamError(role, url, None, "answered with a body that is not JSON", kind="broken") from None
     reason = (out.get("meta_info") or {}).get("finish_reason") if isinstance(out, dict) else None
     if isinstance(reason, dict) and reason.get("type") == "abort":
-        raise UpstreamError(role, url, reason.get("status_code"), reason.get("message", "aborted"))
+        raise UpstreamError(role, url, reason.get("status_code"), reason.get("message", "aborted"),
+                                        kind="abort")
     return out
 
 

@@ -151,10 +151,11 @@ class FakeCluster:
     prefill: FakeRole = field(default_factory=lambda: FakeRole("prefill"))
     relay: FakeRole = field(default_factory=lambda: FakeRole("relay"))
     main: FakeRole = field(default_factory=lambda: FakeRole("main"))
+    main2: FakeRole | None = None  # a second MD (migration, ejection)
     servers: list = field(default_factory=list)
 
     async def __aenter__(self) -> "FakeCluster":
-        for r in (self.prefill, self.relay, self.main):
+        for r in (self.prefill, self.relay, self.main) + ((self.main2,) if self.main2 else ()):
             s = TestServer(r.app())
             await s.start_server()
             self.servers.append(s)
@@ -172,17 +173,19 @@ class FakeCluster:
         host = self.servers[1].host
         return (PeerPool("prefill", [Peer(self.url(0), bootstrap_port=1)]),
                 PeerPool("relay", [Peer(self.url(1), token_channel=f"tcp://{host}:1")]),
-                PeerPool("main", [Peer(self.url(2))]))
+                PeerPool("main", [Peer(self.url(2))] + ([Peer(self.url(3))] if self.main2 else [])))
 
 
 @contextlib.asynccontextmanager
 async def router_client(cluster: FakeCluster, pipeline: str = "direct", idle_s: float = 30.0,
                         limits: ModelLimits = ModelLimits(vocab_size=1024, context_len=1 << 16),
-                        tokenizer=None, max_body_bytes: int = 64 << 20):
-    """A test client on a real router (Dispatcher + RouterApp) in front of `cluster`."""
+                        tokenizer=None, max_body_bytes: int = 64 << 20, migration_limit: int = 0):
+    """A test client on a real router (Dispatcher + RouterApp) in front of `cluster`. Migration is off
+    unless asked for: most tests pin what a failure does to the client."""
     tok = tokenizer or CharTokenizer()
     cfg = DispatchConfig(pipeline, request_timeout_s=max(60.0, idle_s), bandwidth_poll_s=0, load_poll_s=0,
-                         idle_timeout_s={r: idle_s for r in ("prefill", "relay", "main")})
+                         idle_timeout_s={r: idle_s for r in ("prefill", "relay", "main")},
+                         migration_limit=migration_limit, health_check_s=0)
     d = Dispatcher(*cluster.pools(), cfg, decode=lambda ids: tok.decode(ids, skip_special_tokens=True))
     app = RouterApp(d, tok, "fake", limits=limits, max_body_bytes=max_body_bytes)
     async with TestClient(TestServer(app.app)) as client:

@@ -85,6 +85,7 @@ class PDDServers:
     idle_rows: dict  # request rows free on RLD and MD when idle: what leak checks return to
     knob_files: dict  # role -> its test-knobs file (test_switches.TestKnobs), re-read by the server
     knob_values: dict = field(default_factory=dict)  # role -> the knobs set now
+    more_mains: list = field(default_factory=list)  # further MDs (same relay, same knobs file as MD)
 
     def set_knobs(self, role: str, **knobs) -> None:
         path = self.knob_files[role]
@@ -111,9 +112,10 @@ class PDDServers:
 
 def start_pdd(server_group, model: str, *, base_port: int, bootstrap_port: int, token_port: int,
               handoff_timeout: float, page_size: int = 1, prefill_chunk: int = -1,
-              prefill_extra: tuple = (), main_extra: tuple = ()) -> PDDServers:
+              prefill_extra: tuple = (), main_extra: tuple = (), mains: int = 1) -> PDDServers:
     """P (--pdd-role prefill), RLD (relay) and MD (main, decode radix cache) in one namespace, each
-    with a test-knobs file (`PDDServers.knobs`)."""
+    with a test-knobs file (`PDDServers.knobs`); `mains` > 1 starts more MDs (ports base + 10, + 11, ...)
+    at the same time."""
     timeout = ["--pdd-handoff-timeout", f"{handoff_timeout:g}"]
     files = {r: os.path.join(server_group.log_dir, f"pdd-{base_port}-{r}-knobs.json") for r in ROLES}
     for f in files.values():
@@ -127,11 +129,11 @@ def start_pdd(server_group, model: str, *, base_port: int, bootstrap_port: int, 
         port=base_port + 1, nccl_port=base_port + 1001, mode="decode", **common,
         extra=["--pdd-role", "relay", "--pdd-token-port", str(token_port), *timeout],
         env={ENV_TEST_KNOBS: files["relay"]}))
-    md = server_group.start(f"pdd-main-{base_port + 2}", ServerConfig(
-        port=base_port + 2, nccl_port=base_port + 1002, mode="decode", decode_radix_cache=True, **common,
+    mds = [server_group.start(f"pdd-main-{port}", ServerConfig(
+        port=port, nccl_port=port + 1000, mode="decode", decode_radix_cache=True, **common,
         extra=["--pdd-role", "main", "--pdd-relays", f"tcp://127.0.0.1:{token_port}", *timeout, *main_extra],
-        env={ENV_TEST_KNOBS: files["main"]}))
-    for s in (p, rld, md):
+        env={ENV_TEST_KNOBS: files["main"]})) for port in [base_port + 2] + [base_port + 10 + i for i in range(mains - 1)]]
+    for s in (p, rld, *mds):
         s.wait_ready()
-    idle = {s.url: wait_for_metric(s.url, "sglang_pdd_req_rows", "free") for s in (rld, md)}
-    return PDDServers(p, rld, md, bootstrap_port, token_port, idle, files)
+    idle = {s.url: wait_for_metric(s.url, "sglang_pdd_req_rows", "free") for s in (rld, *mds)}
+    return PDDServers(p, rld, mds[0], bootstrap_port, token_port, idle, files, more_mains=mds[1:])
