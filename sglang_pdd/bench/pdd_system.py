@@ -58,6 +58,8 @@ class PddRouted(UpstreamPD):
     # never sees a bigger MD batch at this testbed's concurrency; 2 lets the policy choose.
     adaptive_md_batch: ClassVar[int] = 2
     packed_wan: ClassVar[str] = "off"  # --pdd-packed-wan of P and MD
+    mains: ClassVar[int] = 1  # MD servers in cluster B (ports DECODE_PORT + 10 i, events + 10 i)
+    peer_policy: ClassVar[str] = "cache-aware"  # the router's --peer-policy
 
     def start(self, dep: Deployment) -> None:
         tb = self._tb = dep.testbed
@@ -73,24 +75,30 @@ class PddRouted(UpstreamPD):
             port=RELAY_PORT, host=a, nccl_port=RELAY_PORT + 1000, mode="decode",
             extra=["--pdd-role", "relay", "--pdd-token-port", str(TOKEN_PORT),
                    "--pdd-adaptive-md-batch", str(self.adaptive_md_batch)], **common), "A"))
-        md = g.start("main", dep.server(ServerConfig(
-            port=DECODE_PORT, host=b, nccl_port=DECODE_PORT + 1000, mode="decode", decode_radix_cache=True,
+        mds = [g.start("main" if i == 0 else f"main-{i}", dep.server(ServerConfig(
+            port=DECODE_PORT + 10 * i, host=b, nccl_port=DECODE_PORT + 1000 + 10 * i, mode="decode",
+            decode_radix_cache=True,
             extra=["--pdd-role", "main", "--pdd-relays", f"tcp://{a}:{TOKEN_PORT}", "--pdd-handoff-mode", self.handoff_mode,
                    "--pdd-packed-wan", self.packed_wan, "--kv-events-config",
-                   json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{EVENTS_PORT}",
-                               "replay_endpoint": f"tcp://*:{REPLAY_PORT}"})], **common), "B"))
+                   json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{EVENTS_PORT + 10 * i}",
+                               "replay_endpoint": f"tcp://*:{REPLAY_PORT + 10 * i}"})], **common), "B"))
+               for i in range(self.mains)]
         a_ns.call(p.wait_ready)
         a_ns.call(rld.wait_ready)
-        b_ns.call(md.wait_ready)
+        for md in mds:
+            b_ns.call(md.wait_ready)
+        events = []
+        for i in range(self.mains):
+            events += ["--main-kv-events", f"tcp://{b}:{EVENTS_PORT + 10 * i}", f"tcp://{b}:{REPLAY_PORT + 10 * i}"]
         self._router = g.start("router", dep.process(PddRouterConfig(
-            prefill=[(p.url, BOOTSTRAP_PORT)], relay=[(rld.url, TOKEN_PORT)], main=[md.url], tokenizer=dep.model,
-            port=ROUTER_PORT, host=a, pipeline=self.pipeline,
+            prefill=[(p.url, BOOTSTRAP_PORT)], relay=[(rld.url, TOKEN_PORT)], main=[md.url for md in mds],
+            tokenizer=dep.model, port=ROUTER_PORT, host=a, pipeline=self.pipeline,
             extra=router_link_args(tb, dep.kv_bytes_per_token, self.odd_threshold) + list(self.router_extra)
-            + ["--main-kv-events", f"tcp://{b}:{EVENTS_PORT}", f"tcp://{b}:{REPLAY_PORT}"]), "A"))
+            + ["--peer-policy", self.peer_policy] + events), "A"))
         a_ns.call(self._router.wait_ready)
-        logger.info("%s up: P %s, RLD %s (token channel :%d), MD %s, router %s (pipeline %s)", self.name,
-                    p.url, rld.url, TOKEN_PORT, md.url, self._router.url, self.pipeline)
-
+        logger.info("%s up: P %s, RLD %s (token channel :%d), MD %s, router %s (pipeline %s, %s)", self.name,
+                    p.url, rld.url, TOKEN_PORT, ", ".join(md.url for md in mds), self._router.url, self.pipeline,
+                    self.peer_policy)
 
     def send_warmup(self, body: dict, timeout_s: float):
         """A warm-up stands for the history that earlier turns left on MD (long outputs): it goes
@@ -169,3 +177,19 @@ class PddRelayOnly(Pdd):
     sim_name = "pdd-relay-only"
     description = "PDD.md §4's excluded policy: requests with MD hit < 0.9 finish on RLD alone (P->RLD)"
     router_extra = ("--allow-relay-only", "--relay-only-below-hit", "0.9")
+
+
+@register("pdd-2md-cache-aware")
+class PddTwoMdCacheAware(PddRouted):
+    name = "pdd-2md-cache-aware"
+    sim_name = "xdc-pd-drc"
+    description = "two MDs in cluster B, every request P->MD, the router's cache-aware MD choice"
+    pipeline = "direct"
+    mains = 2
+
+
+@register("pdd-2md-least-loaded")
+class PddTwoMdLeastLoaded(PddTwoMdCacheAware):
+    name = "pdd-2md-least-loaded"
+    description = "two MDs in cluster B, every request P->MD, least-loaded MD choice (the cache-blind baseline)"
+    peer_policy = "least-loaded"
