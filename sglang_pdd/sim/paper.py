@@ -71,7 +71,8 @@ def assumptions(s: PaperSetting) -> list[str]:
         f"capacity jitter {s.wan.jitter:.0%} per {s.wan.jitter_period_s:.0f} s; transfer starts after prefill; "
         f"intra-DC RDMA {ref.rdma_gbps:.0f} Gbit/s; section D re-runs on {s.tight_wan_gbps:.0f} Gbit/s",
         f"MD decode radix cache {ref.drc_capacity_tokens / 1e6:.0f}M tokens/instance (HBM + host DRAM), LRU by session; "
-        f"sessions sticky to one MD; a relayed request RLD finishes still lands its prompt KV on MD",
+        f"MD chosen per request by the router's own policy (hit, predicted WAN time, load); "
+        f"a relayed request RLD finishes still lands its prompt KV on MD",
         f"SLA: TTFT <= {s.sla.ttft_s} s and TPOT <= {s.sla.tpot_s * 1e3:.0f} ms for >= {s.sla.attainment:.0%} of requests; "
         f"goodput = SLA-meeting req/s at the highest load passing; BCR = goodput / (cost/h); the WAN line is not priced",
         f"PDD routing: MD hit >= {ref.routing.hit_threshold} -> P->MD else P->RLD->MD (paper); pdd-bw: predicted WAN "
