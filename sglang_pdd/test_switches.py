@@ -31,6 +31,9 @@ class TestKnobs:
     # Ready came first). Read when the relay admits a request. Forces a handoff with eager tokens
     # without holding anything back by time.
     relay_min_eager: int = 0
+    # main: start no handoff EXTEND before this many final handoffs are ready (a test of batched
+    # handoffs waits on this state instead of on timing; 0: off)
+    main_gather_handoffs: int = 0
     # main (with SGLANG_PDD_TESTING=1): every handoff discards its eager tokens' KV (negative control)
     drop_eager_kv: bool = False
     # main: zero the KV of the decode radix-cache prefix a request reuses, once its transfer is done

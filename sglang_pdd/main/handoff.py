@@ -228,6 +228,10 @@ class MainHandoff:
         (sglang's own matching)."""
         return [p for p in self.pending.values() if abort_all or (rid and p.req.rid.startswith(rid))]
 
+    def ready_finals(self) -> int:
+        """Final handoffs ready for their EXTEND."""
+        return sum(1 for p in self.pending.values() if p.state == READY and p.final)
+
     def take_ready(self, max_reqs: int, slot_budget: int, solo: Callable[[Any], bool] = lambda req: False,
                    cost: Callable[[Pending], int] = lambda p: len(p.tokens), final: bool = True) -> list[Pending]:
         """Ready requests for one EXTEND batch, oldest first, within the row and KV-slot budgets

@@ -224,7 +224,9 @@ class MainRuntime(DecodeRole):
         def cost(p):
             return extend_batch.slots_needed(len(p.req.origin_input_ids) + p.have, len(p.tokens), page)
 
-        items = self.handoff.take_ready(free_rows, budget, solo=extend_batch.needs_penalties, cost=cost)
+        ready = self.handoff.ready_finals() if self.switches.on else 0  # tests only: the gather knob
+        items = [] if ready and ready < self.switches.knobs().main_gather_handoffs else \
+            self.handoff.take_ready(free_rows, budget, solo=extend_batch.needs_penalties, cost=cost)
         final = bool(items)
         if not items:  # no final handoff this iteration: recompute catch-up chunks, if any
             items = self.handoff.take_ready(free_rows, budget, cost=cost, final=False)

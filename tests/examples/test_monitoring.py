@@ -71,6 +71,11 @@ def exported() -> dict[str, set[str]]:
     m.avoided.labels("odd-traffic").inc()
     m.ttft.labels("P->MD").observe(0.1)
     m.bandwidth.set(1)
+    m.md_choices.labels("default", "cache-aware").inc()
+    m.md_prompt_tokens.labels("default", "hit").inc()
+    m.migrations.labels("unreachable", "completed").inc()
+    m.peer_load.labels("main", "http://md:1").set(0)
+    m.peer_in_flight.labels("main", "http://md:1").set(0)
     out = plugin_series()
     router = router_series()
     for fam in m.registry.collect():
