@@ -13,15 +13,12 @@ ignores windows too small to say anything about bandwidth. `poll_forever` does t
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from typing import Callable
 
 from sglang_pdd.metrics import parse_exposition
 from sglang_pdd.policy.bandwidth import BandwidthEstimator
 from sglang_pdd.policy.site_links import SiteLinks
-
-logger = logging.getLogger(__name__)
+from sglang_pdd.router import metrics_poll
 
 WAN_PATHS = ("main",)
 _NAMES = {"bytes": "sglang_pdd_transfer_bytes_total", "seconds": "sglang_pdd_transfer_seconds_total",
@@ -89,14 +86,4 @@ class TransferRateFeed:
                 self.samples += 1
 
     async def poll_forever(self, session, urls: list[str], interval_s: float = 2.0) -> None:
-        import aiohttp  # not a declared dependency; only the router process needs it
-
-        while True:
-            for url in urls:
-                try:
-                    async with session.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
-                        if r.status == 200:
-                            self.update(url, await r.text())
-                except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-                    logger.debug("bandwidth feed: %s/metrics: %s", url, e)
-            await asyncio.sleep(interval_s)
+        await metrics_poll.poll_forever(session, urls, interval_s, self.update, "bandwidth feed")

@@ -8,13 +8,9 @@ the larger of the two. A peer whose page cannot be read keeps its last figures.
 
 from __future__ import annotations
 
-import asyncio
-import logging
-
 from sglang_pdd.metrics import parse_exposition
+from sglang_pdd.router import metrics_poll
 from sglang_pdd.router.peers import Peer
-
-logger = logging.getLogger(__name__)
 
 RUNNING, USAGE = "sglang:num_running_reqs", "sglang:token_usage"
 # waiting: scheduled, or (PD) holding KV slots while their KV is on its way
@@ -42,14 +38,6 @@ def update(peer: Peer, text: str) -> bool:
 
 
 async def poll_forever(session, peers: list[Peer], interval_s: float = 1.0) -> None:
-    import aiohttp  # not a declared dependency; only the router process needs it
-
-    while True:
-        for peer in peers:
-            try:
-                async with session.get(peer.url + "/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
-                    if r.status == 200:
-                        update(peer, await r.text())
-            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-                logger.debug("load feed: %s/metrics: %s", peer.url, e)
-        await asyncio.sleep(interval_s)
+    by_url = {p.url: p for p in peers}
+    await metrics_poll.poll_forever(session, list(by_url), interval_s, lambda url, text: update(by_url[url], text),
+                                    "load feed")

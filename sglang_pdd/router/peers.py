@@ -5,7 +5,7 @@ A peer out of service (`peer_health`) is skipped while another of its role is in
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import urlparse
 
 from sglang_pdd.policy.peer_choice import Candidate, Choice, ChoiceConfig, PeerChooser
@@ -44,10 +44,7 @@ class PeerPool:
     chooser: PeerChooser = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        cfg = self.choice or ChoiceConfig()
-        if cfg.policy != self.policy:
-            cfg = ChoiceConfig(**{**cfg.__dict__, "policy": self.policy})
-        self.chooser = PeerChooser(cfg)
+        self.chooser = PeerChooser(replace(self.choice or ChoiceConfig(), policy=self.policy))
 
     def __bool__(self) -> bool:
         return bool(self.peers)

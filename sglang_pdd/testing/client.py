@@ -65,23 +65,28 @@ def fake_transfer_generate(decode_url: str, body: dict) -> dict:
     return generate(decode_url, body)
 
 
-def stream_generate(url: str, body: dict, timeout: float = 300.0) -> dict:
-    """Streamed `/generate`; returns the final chunk plus `ttft_s` and `e2e_s` seen by the client."""
+def sse_chunks(url: str, body: dict, timeout: float = 300.0):
+    """Streamed `/generate`: each SSE chunk as it comes (error chunks too); closing the generator
+    closes the connection."""
     req = urllib.request.Request(url.rstrip("/") + "/generate", data=json.dumps({**body, "stream": True}).encode(),
                                  headers={"Content-Type": "application/json"})
-    t0 = time.monotonic()
-    ttft, last = None, None
     with urllib.request.urlopen(req, timeout=timeout) as r:
         for raw in r:
             line = raw.decode().strip()
-            if not line.startswith("data:") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[5:])
-            if "error" in chunk:
-                raise GenerateError(f"{url}: {chunk['error']}")
-            if ttft is None and chunk.get("output_ids"):
-                ttft = time.monotonic() - t0
-            last = chunk
+            if line.startswith("data:") and line != "data: [DONE]":
+                yield json.loads(line[5:])
+
+
+def stream_generate(url: str, body: dict, timeout: float = 300.0) -> dict:
+    """Streamed `/generate`; returns the final chunk plus `ttft_s` and `e2e_s` seen by the client."""
+    t0 = time.monotonic()
+    ttft, last = None, None
+    for chunk in sse_chunks(url, body, timeout):
+        if "error" in chunk:
+            raise GenerateError(f"{url}: {chunk['error']}")
+        if ttft is None and chunk.get("output_ids"):
+            ttft = time.monotonic() - t0
+        last = chunk
     if last is None:
         raise GenerateError(f"{url}: empty stream")
     return {**last, "ttft_s": ttft, "e2e_s": time.monotonic() - t0}

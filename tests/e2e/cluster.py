@@ -46,6 +46,11 @@ def kv_bytes_per_token(model_dir: str) -> int:
         return json.load(f)["kv_bytes_per_token"]
 
 
+def kv_bytes_sent(url: str) -> int:
+    """KV bytes a prefill server's transfer engine moved so far, summed over its peers."""
+    return int(sum(v for k, v in metric(url, "sglang_pdd_transfer_bytes_total").items() if dict(k).get("kind") == "kv"))
+
+
 def metric(url: str, name: str) -> dict:
     """Samples of one metric on a server's /metrics: {sorted label pairs: value}."""
     from sglang_pdd.metrics import parse_exposition

@@ -10,12 +10,10 @@ import os
 import pytest
 
 from sglang_pdd.config import ENV_TEST_KNOBS
-from sglang_pdd.metrics import parse_exposition
 from sglang_pdd.testing import identity
 from sglang_pdd.testing.client import greedy_body, pd_generate
-from sglang_pdd.testing.servers import http_json
 
-from .cluster import kv_bytes_per_token, start_pd
+from .cluster import kv_bytes_per_token, kv_bytes_sent, start_pd
 
 pytestmark = pytest.mark.e2e
 
@@ -39,13 +37,6 @@ def set_knobs(**knobs) -> None:
     os.replace(KNOBS["main"] + ".tmp", KNOBS["main"])
 
 
-def kv_bytes_sent(prefill) -> int:
-    status, text = http_json(prefill.url + "/metrics")
-    assert status == 200
-    samples = parse_exposition(text, "sglang_pdd_transfer_bytes_total")
-    return int(sum(v for labels, v in samples.items() if dict(labels).get("kind") == "kv"))
-
-
 def turn(drc, ids, n=NEW_TOKENS, **sp) -> dict:
     return pd_generate(drc.prefill.url, drc.decode.url, "127.0.0.1", drc.bootstrap_port, greedy_body(ids, n, **sp))
 
@@ -57,14 +48,14 @@ def pages(tokens: int) -> int:
 def conversation(drc, reference_server, prompts, kvb, n_first: int, seed: int, **sp):
     """Two turns; returns (second prompt, MD's second output). Checks identity and the bytes moved."""
     first = prompts.ids(n_first, seed=seed)
-    before = kv_bytes_sent(drc.prefill)
+    before = kv_bytes_sent(drc.prefill.url)
     out1 = turn(drc, first, **sp)
-    moved1 = kv_bytes_sent(drc.prefill) - before
+    moved1 = kv_bytes_sent(drc.prefill.url) - before
     identity.check(identity.reference(reference_server.url, first, NEW_TOKENS, **sp), out1["output_ids"], "turn 1")
     assert moved1 == pages(len(first)) * kvb  # cold decode cache: the whole prompt, in whole pages
     second = first + out1["output_ids"] + prompts.ids(100, seed=seed + 1)
     out2 = turn(drc, second, **sp)
-    moved2 = kv_bytes_sent(drc.prefill) - before - moved1
+    moved2 = kv_bytes_sent(drc.prefill.url) - before - moved1
     identity.check(identity.reference(reference_server.url, second, NEW_TOKENS, **sp), out2["output_ids"], "turn 2")
     # MD cached turn 1's prompt and output but the last output token's KV (never computed there), whole pages
     cached = (len(first) + NEW_TOKENS - 1) // PAGE * PAGE

@@ -19,7 +19,7 @@ from sglang_pdd.cache.prefix_view import PrefixView
 from sglang_pdd.testing.client import generate, greedy_body, pd_generate
 from sglang_pdd.testing.launch_args import PddRouterConfig, ServerConfig
 
-from .cluster import kv_bytes_per_token, metric
+from .cluster import kv_bytes_per_token, kv_bytes_sent
 
 pytestmark = pytest.mark.e2e
 
@@ -76,11 +76,6 @@ class Md:
         self.call(self.sub.close)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
-
-
-def kv_bytes_sent(url: str) -> int:
-    samples = metric(url, "sglang_pdd_transfer_bytes_total")
-    return int(sum(v for labels, v in samples.items() if dict(labels).get("kind") == "kv"))
 
 
 @pytest.fixture(scope="module")

@@ -23,16 +23,15 @@ import os
 import signal
 import threading
 import time
-import urllib.request
 
 import pytest
 
 from sglang_pdd.testing import identity
-from sglang_pdd.testing.client import generate, greedy_body
+from sglang_pdd.testing.client import generate, greedy_body, sse_chunks
 from sglang_pdd.testing.launch_args import PddRouterConfig
 from sglang_pdd.testing.servers import http_json
 
-from .cluster import by_state, kv_bytes_per_token, metric, start_pdd
+from .cluster import by_state, kv_bytes_per_token, kv_bytes_sent, metric, start_pdd
 
 pytestmark = pytest.mark.e2e
 
@@ -68,24 +67,17 @@ def cluster(server_group, tiny_model):
 def stream(url: str, body: dict, on_chunk=None, timeout: float = 300.0) -> dict:
     """Streamed /generate through a router: the last chunk (or the error chunk), with the client's
     largest gap between two chunks (`gap_s`) and `e2e_s`; `on_chunk` sees every chunk as it comes."""
-    req = urllib.request.Request(url + "/generate", data=json.dumps({**body, "stream": True}).encode(),
-                                 headers={"Content-Type": "application/json"})
     t0 = last_t = time.monotonic()
     last, gap, seen = None, 0.0, []
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        for raw in r:
-            line = raw.decode().strip()
-            if not line.startswith("data:") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[5:])
-            now = time.monotonic()
-            gap, last_t = max(gap, now - last_t), now
-            if "output_ids" in chunk:  # cumulative: each a prefix of the next (no gap, no duplicate)
-                assert chunk["output_ids"][:len(seen)] == seen, "the client's stream went back"
-                seen = chunk["output_ids"]
-            last = chunk
-            if on_chunk is not None:
-                on_chunk(chunk)
+    for chunk in sse_chunks(url, body, timeout):
+        now = time.monotonic()
+        gap, last_t = max(gap, now - last_t), now
+        if "output_ids" in chunk:  # cumulative: each a prefix of the next (no gap, no duplicate)
+            assert chunk["output_ids"][:len(seen)] == seen, "the client's stream went back"
+            seen = chunk["output_ids"]
+        last = chunk
+        if on_chunk is not None:
+            on_chunk(chunk)
     return {**last, "gap_s": gap, "e2e_s": time.monotonic() - t0, "streamed": seen}
 
 
@@ -110,11 +102,6 @@ def wait_idle(pdd, servers, timeout_s: float = 60.0) -> None:
     assert held == 0 and rows == {s.url: pdd.idle_rows[s.url] for s in servers}, (held, rows)
 
 
-def kv_sent(prefill) -> float:
-    return sum(v for k, v in metric(prefill.url, "sglang_pdd_transfer_bytes_total").items()
-               if dict(k).get("kind") == "kv")
-
-
 def wait_unloaded(router, timeout_s: float = 60.0) -> None:
     """Until the router sees no load on any MD (its own requests and MD's polled gauges)."""
     deadline = time.monotonic() + timeout_s
@@ -130,19 +117,15 @@ class Blocker:
     """A long streamed request through the router, held open until closed."""
 
     def __init__(self, router, ids):
-        body = {**greedy_body(ids, 3000), "stream": True}
-        req = urllib.request.Request(router.url + "/generate", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-        self.resp = urllib.request.urlopen(req, timeout=300)
-        for raw in self.resp:  # its first tokens: it runs on an MD now
-            line = raw.decode().strip()
-            if line.startswith("data:") and "output_ids" in line:
-                self.md = json.loads(line[5:])["meta_info"]["pdd"]["md"]["index"]
+        self.chunks = sse_chunks(router.url, greedy_body(ids, 3000))
+        for chunk in self.chunks:  # its first tokens: it runs on an MD now
+            if "output_ids" in chunk:
+                self.md = chunk["meta_info"]["pdd"]["md"]["index"]
                 return
         raise AssertionError("the blocker's stream ended before any token")
 
     def close(self) -> None:
-        self.resp.close()
+        self.chunks.close()  # closes the connection: the router aborts the request
 
 
 def conversation(cluster, reference_server, prompts, policy: str, seed: int) -> dict:
@@ -162,9 +145,9 @@ def conversation(cluster, reference_server, prompts, policy: str, seed: int) -> 
     hold = Blocker(router, first[:600])  # the home MD busier than the other during turn 2
     try:
         assert hold.md == home, "the second blocker went to the MD without the conversation"
-        before = kv_sent(p)
+        before = kv_bytes_sent(p.url)
         out2 = generate(router.url, greedy_body(second, NEW_TOKENS))
-        moved = kv_sent(p) - before
+        moved = kv_bytes_sent(p.url) - before
     finally:
         hold.close()
     identity.check(identity.reference(reference_server.url, second, NEW_TOKENS), out2["output_ids"], "turn 2")
