@@ -256,6 +256,13 @@ class PddConfig:
                                  "authenticate the token channel with it (the same value on both)")
         return data
 
+    def optional_secret(self, environ: dict | None = None) -> bytes | None:
+        """The shared secret where one is set (a prefill needs none), else None."""
+        env = environ if environ is not None else os.environ
+        if not env.get(ENV_SECRET) and not env.get(ENV_SECRET_FILE):
+            return None
+        return self.secret(env)
+
     def curve_key(self, environ: dict | None = None) -> bytes | None:
         """The token channel's CURVE key (relay: its secret key, main: the relay's public key), or None
         when the channel is not encrypted (protocol.curve)."""
@@ -317,4 +324,6 @@ def from_cli_args(args: argparse.Namespace, disaggregation_mode: str = "null",
     if cfg.role in (Role.RELAY, Role.MAIN):
         cfg.secret()  # fail at start-up, not at the first handoff
         cfg.curve_key()
+    else:
+        cfg.optional_secret()  # a prefill's is optional, but one that is given must be readable
     return cfg

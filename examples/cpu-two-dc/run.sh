@@ -86,7 +86,7 @@ server() {  # server NAME NS HOST_IP PORT NCCL_PORT EXTRA_ENV FLAGS...
     "$PY" -m sglang.launch_server --model-path "$MODEL" --tokenizer-path "$MODEL" \
     --host "$ip" --port "$port" --nccl-port "$nccl" "${CPU_FLAGS[@]}" "$@"
 }
-server prefill "$NS_A" "$IP_A" "$P_PORT" 31000 "" \
+server prefill "$NS_A" "$IP_A" "$P_PORT" 31000 "SGLANG_PDD_SECRET_FILE=$SECRET_FILE" \
   --disaggregation-mode prefill --pdd-role prefill --pdd-packed-wan plain
 server relay "$NS_A" "$IP_A" "$RLD_PORT" 31001 "SGLANG_PDD_SECRET_FILE=$SECRET_FILE" \
   --disaggregation-mode decode --disaggregation-decode-retraction-backup cpu_tensor \
@@ -100,7 +100,8 @@ wait_healthy "$NS_A" "http://$IP_A:$RLD_PORT"
 wait_healthy "$NS_B" "http://$IP_B:$MD_PORT"
 
 # 5. The PDD router, in cluster A next to P and RLD, with the WAN's figures as its first estimate.
-start router ip netns exec "$NS_A" "$PY" -m sglang_pdd.router \
+# It signs the PDD parameters it gives P and MD with the same secret (they refuse unsigned ones).
+start router ip netns exec "$NS_A" env "SGLANG_PDD_SECRET_FILE=$SECRET_FILE" "$PY" -m sglang_pdd.router \
   --prefill "http://$IP_A:$P_PORT" "$BOOTSTRAP_PORT" --relay "http://$IP_A:$RLD_PORT" "$TOKEN_PORT" \
   --main "http://$IP_B:$MD_PORT" --main-kv-events "tcp://$IP_B:5557" "tcp://$IP_B:5558" \
   --tokenizer "$MODEL" --model-name tiny --host "$IP_A" --port "$ROUTER_PORT" --pipeline auto \

@@ -89,7 +89,8 @@ pdd_transport() {
   esac
 }
 
-# RLD and MD authenticate the token channel with a shared secret. The processes read it from the file
+# RLD and MD authenticate the token channel with a shared secret; the router signs the PDD parameters
+# it gives P and MD with it, and P and MD verify them. The processes read it from the file
 # (SGLANG_PDD_SECRET_FILE); it is never on a command line and never in this script's variables.
 pdd_secret() {
   if [[ -n ${SGLANG_PDD_SECRET:-} ]]; then

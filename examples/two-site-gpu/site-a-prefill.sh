@@ -4,6 +4,7 @@
 # then falls back to page-by-page writes (it needs attention TP 1 on both ends).
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+pdd_secret
 
 export CUDA_VISIBLE_DEVICES=$PDD_PREFILL_GPUS SGLANG_HOST_IP=$PDD_PREFILL_HOST
 pdd_server_args

@@ -5,6 +5,7 @@
 # follows P's completed transfers).
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+pdd_secret
 
 PDD_ARGS=(
   --prefill "http://$PDD_PREFILL_HOST:$PDD_PREFILL_PORT" "$PDD_BOOTSTRAP_PORT"

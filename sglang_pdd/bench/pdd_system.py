@@ -7,7 +7,7 @@
 
 P runs `--pdd-role prefill`, RLD `--pdd-role relay --pdd-token-port`, MD `--pdd-role main` with the
 decode radix cache and its KV events published over ZMQ (`--kv-events-config`), which the router
-subscribes to across the WAN (`--main-kv-events`) for an exact view of MD's cache; every server gets the same `SGLANG_PDD_SECRET` (fresh per start). The client
+subscribes to across the WAN (`--main-kv-events`) for an exact view of MD's cache; every server and the router get the same `SGLANG_PDD_SECRET` (fresh per start). The client
 streams from the router exactly as for the baselines.
 """
 
@@ -94,7 +94,7 @@ class PddRouted(UpstreamPD):
             prefill=[(p.url, BOOTSTRAP_PORT)], relay=[(rld.url, TOKEN_PORT)], main=[md.url for md in mds],
             tokenizer=dep.model, port=ROUTER_PORT, host=a, pipeline=self.pipeline,
             extra=router_link_args(tb, dep.kv_bytes_per_token, self.odd_threshold) + list(self.router_extra)
-            + ["--peer-policy", self.peer_policy] + events), "A"))
+            + ["--peer-policy", self.peer_policy] + events, env=env), "A"))
         a_ns.call(self._router.wait_ready)
         logger.info("%s up: P %s, RLD %s (token channel :%d), MD %s, router %s (pipeline %s, %s)", self.name,
                     p.url, rld.url, TOKEN_PORT, ", ".join(md.url for md in mds), self._router.url, self.pipeline,

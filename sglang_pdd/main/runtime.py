@@ -13,6 +13,7 @@ from sglang_pdd.main.handoff import Abort, MainHandoff
 from sglang_pdd.main.handoff_attention import ATTENTION, CPU_TEST_POLICY, HandoffAttention
 from sglang_pdd.protocol.channel import MainChannel
 from sglang_pdd.protocol.request import RequestParamsError, parse
+from sglang_pdd.protocol.request_auth import ParamsVerifier
 from sglang_pdd.request_errors import end_queued
 from sglang_pdd.test_switches import OFF, TestSwitches
 
@@ -30,6 +31,7 @@ class MainRuntime(DecodeRole):
         self.channel = MainChannel(secret, vocab_size=scheduler.model_config.vocab_size, curve_key=cfg.curve_key(),
                                    record=lambda reason: metrics.record_channel_rejects("main", reason, 1))
         self.relays = cfg.relay_set
+        self.verifier = ParamsVerifier(secret)
         self.handoff = MainHandoff(self.channel, timeout_s=cfg.handoff_timeout,
                                    keep_kv_when_relay_finishes=cfg.relay_finished_kv == "keep",
                                    mode=cfg.handoff_mode, chunk=cfg.catchup_chunk, gap=cfg.catchup_gap,
@@ -60,6 +62,10 @@ class MainRuntime(DecodeRole):
         if params.relay not in self.relays:
             return end_queued(req, f"pdd: relay {params.relay!r} is not one of this server's --pdd-relays",
                                 status_code=400)
+        try:
+            self.verifier.check(params, req.bootstrap_room)  # only the router's, for this room, once
+        except RequestParamsError as e:
+            return end_queued(req, str(e), status_code=400)
         try:
             error = self.handoff.admit(req, params, drop_eager_kv=self.switches.drop_eager_kv())
             self._register_sockets()

@@ -8,6 +8,8 @@ room R and whose MD key is room R2:
 * to RLD (bootstrap_room=R): {"v": 1}                              -> decode at once, hand over on READY
 * to MD (bootstrap_room=R2): {"v": 1, "relay_room": R, "relay": "tcp://host:port"}  -> take over by EXTEND
 
+P's and MD's parameters carry the router's signature (`exp`, `sig`: see `protocol.request_auth`).
+
 A request without the key is an ordinary PD request on every role.
 """
 
@@ -33,6 +35,8 @@ class RequestParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     relay: str | None = None  # MD: RLD's token channel, "tcp://host:port"
     handoff: str | None = None  # MD: one-shot | catch-up | adaptive (overrides --pdd-handoff-mode)
     chunk: int | None = None  # MD: catch-up chunk size in tokens (overrides --pdd-catchup-chunk)
+    exp: int | None = None  # unix seconds after which the signature is void (protocol.request_auth)
+    sig: str | None = None  # the router's signature over the rest and the body's bootstrap room
 
     def to_custom_params(self) -> dict:
         return {KEY: {k: v for k, v in msgspec.structs.asdict(self).items() if v is not None}}
@@ -59,6 +63,8 @@ def parse(custom_params: dict | None) -> RequestParams | None:
         raise RequestParamsError(f"custom_params.{KEY}.handoff: {p.handoff!r} is not one of {', '.join(HANDOFF_MODES)}")
     if p.chunk is not None and not 1 <= p.chunk <= MAX_CHUNK:
         raise RequestParamsError(f"custom_params.{KEY}.chunk: {p.chunk} is not in 1..{MAX_CHUNK}")
+    if p.sig is not None and (len(p.sig) > 64 or p.exp is None):
+        raise RequestParamsError(f"custom_params.{KEY}.sig: malformed (a signature goes with its exp)")
     if p.relay is not None and not p.relay.startswith("tcp://"):
         raise RequestParamsError(f"custom_params.{KEY}.relay: expected tcp://host:port, got {p.relay!r}")
     return p

@@ -8,8 +8,9 @@ host and port and its room; per pipeline:
   feeds MD too); MD's carries `relay_room=R` and RLD's token channel (see `protocol.request`).
 * P->RLD:     P and RLD room R (odd traffic: RLD finishes the request); MD is not asked.
 
-The router (`router/dispatch.py`) plans every request this way; so do the clients that drive the
-roles by hand (`testing/pdd_client.py`, the fan-out and packed-WAN e2e tests).
+The router (`router/dispatch.py`) plans every request this way, and signs P's and MD's parameters
+(`protocol.request_auth`); so do the clients that drive the roles by hand (`testing/pdd_client.py`,
+the fan-out and packed-WAN e2e tests), with the secret the servers hold.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from sglang_pdd.policy.pipeline import Pipeline
 from sglang_pdd.protocol import PROTOCOL_VERSION
 from sglang_pdd.protocol.request import RequestParams, with_params
+from sglang_pdd.protocol.request_auth import ParamsSigner
 
 RID_SUFFIX = {"prefill": "-p", "relay": "-r", "main": "-m"}
 
@@ -39,16 +41,20 @@ def new_rooms() -> tuple[int, int]:
 
 def plan(body: dict, pipeline: Pipeline, bootstrap_host: str, bootstrap_port: int,
          token_channel: str | None = None, *, rooms: tuple[int, int] | None = None,
-         rid: str | None = None, main_params: dict | None = None) -> RoomPlan:
+         rid: str | None = None, main_params: dict | None = None, signer: ParamsSigner | None = None) -> RoomPlan:
     """The rooms and per-role bodies of `body` through `pipeline`. `rooms` (R, R2) default to
     `new_rooms()`; with `rid`, each body gets `rid` plus its role's suffix (-p, -r, -m).
     `token_channel` is RLD's (tcp://host:port); without it on P->RLD->MD, MD only receives its KV
     from P's fan-out and is not told of a relay (the fan-out tests). `main_params` adds fields of
-    MD's `RequestParams` (handoff, chunk, ...)."""
+    MD's `RequestParams` (handoff, chunk, ...). `signer` (the router's) signs P's and MD's parameters,
+    each bound to its body's room; without it they go unsigned (a server holding the secret refuses them)."""
     if main_params and token_channel is None:
         raise ValueError("main_params go with a relay's token channel")
     room, room2 = rooms if rooms is not None else new_rooms()
     base = {**body, "bootstrap_host": bootstrap_host, "bootstrap_port": bootstrap_port}
+
+    def signed(params: RequestParams, r: int) -> RequestParams:
+        return signer.sign(params, r) if signer is not None else params
 
     def to(role: str, r: int) -> dict:
         out = {**base, "bootstrap_room": r}
@@ -62,10 +68,11 @@ def plan(body: dict, pipeline: Pipeline, bootstrap_host: str, bootstrap_port: in
     elif pipeline is Pipeline.P_RLD_MD:
         main = to("main", room2)
         if token_channel is not None:
-            main = with_params(main, RequestParams(v=PROTOCOL_VERSION, relay_room=room, relay=token_channel,
-                                                   **(main_params or {})))
+            main = with_params(main, signed(RequestParams(v=PROTOCOL_VERSION, relay_room=room, relay=token_channel,
+                                                          **(main_params or {})), room2))
         bodies["main"] = main
-        bodies["prefill"] = with_params(to("prefill", room), RequestParams(v=PROTOCOL_VERSION, main_room=room2))
+        bodies["prefill"] = with_params(to("prefill", room),
+                                        signed(RequestParams(v=PROTOCOL_VERSION, main_room=room2), room))
         bodies["relay"] = to("relay", room)
     elif pipeline is Pipeline.P_RLD:
         bodies["prefill"], bodies["relay"] = to("prefill", room), to("relay", room)

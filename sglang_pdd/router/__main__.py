@@ -13,6 +13,9 @@ MD's cache hit comes from the router's own record of what it sent there (an uppe
 `--main-kv-events tcp://MD:5557 [tcp://MD:5558]` (one per `--main`, same order), exactly from MD's
 KV events (MD started with `--kv-events-config '{"publisher": "zmq", "endpoint": "tcp://*:5557",
 "replay_endpoint": "tcp://*:5558"}'`).
+
+With relays the router needs the secret RLD and MD hold (`SGLANG_PDD_SECRET` or
+`SGLANG_PDD_SECRET_FILE`): it signs the PDD parameters it gives P and MD (`protocol.request_auth`).
 """
 
 from __future__ import annotations
@@ -27,10 +30,12 @@ from urllib.parse import urlparse
 from aiohttp import web
 
 from sglang_pdd.cache.kv_subscriber import KvEventSource
+from sglang_pdd.config import ENV_SECRET, ENV_SECRET_FILE
 from sglang_pdd.policy.bandwidth import BandwidthEstimator
 from sglang_pdd.policy.peer_choice import POLICIES, ChoiceConfig
 from sglang_pdd.policy.pipeline import PipelinePolicy, PipelinePolicyConfig
 from sglang_pdd.policy.site_links import SiteLinks
+from sglang_pdd.protocol.request_auth import ParamsSigner, signer_from_env
 from sglang_pdd.router.admission import ModelLimits
 from sglang_pdd.router.app import RouterApp
 from sglang_pdd.router.dispatch import PIPELINE_MODES, DispatchConfig, Dispatcher
@@ -175,6 +180,19 @@ def kv_bytes_from_config(model_dir: str) -> int:
     return 2 * c["num_hidden_layers"] * c.get("num_key_value_heads", c["num_attention_heads"]) * head_dim * dtype_bytes
 
 
+def _signer(has_relays: bool) -> ParamsSigner | None:
+    """The signer of P's and MD's PDD parameters, from the secret RLD and MD hold; relays need it."""
+    try:
+        signer = signer_from_env()
+    except ValueError as e:
+        raise SystemExit(f"sglang-pdd router: error: {e}") from None
+    if signer is None and has_relays:
+        raise SystemExit(f"sglang-pdd router: error: --relay needs {ENV_SECRET} (or {ENV_SECRET_FILE}), the secret "
+                         "RLD and MD hold: the router signs each request's PDD parameters with it, and P and MD "
+                         "refuse unsigned ones")
+    return signer
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="[%(asctime)s] %(name)s: %(message)s")
@@ -214,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
                                                              health_check_s=args.health_check_s,
                                                              idle_timeout_s=idle),
                        decode=lambda ids: tok.decode(ids, skip_special_tokens=True), policy=policy,
-                       kv_events=kv_events)
+                       kv_events=kv_events, signer=_signer(bool(relay.peers)))
     except ValueError as e:
         raise SystemExit(f"sglang-pdd router: {e}") from None
     limits = ModelLimits.from_model_dir(args.tokenizer, args.context_length)

@@ -18,6 +18,7 @@ import aiohttp
 
 from sglang_pdd.cache.kv_subscriber import KvEventSource
 from sglang_pdd.protocol import room_plan
+from sglang_pdd.protocol.request_auth import ParamsSigner
 from sglang_pdd.protocol.handoff_finish import HandoffFinish
 from sglang_pdd.router import admission, load_feed, migration, upstream
 from sglang_pdd.router.peer_health import HealthChecker
@@ -99,13 +100,14 @@ class Outcome:
 class Dispatcher:
     def __init__(self, prefill: PeerPool, relay: PeerPool, main: PeerPool, cfg: DispatchConfig,
                  decode: Callable[[list[int]], str], policy: PipelinePolicy | None = None,
-                 kv_events: dict[str, KvEventSource] | None = None):
+                 kv_events: dict[str, KvEventSource] | None = None, signer: ParamsSigner | None = None):
         if cfg.pipeline not in PIPELINE_MODES:
             raise ValueError(f"--pipeline must be one of {PIPELINE_MODES}, got {cfg.pipeline!r}")
         if cfg.pipeline != "direct" and not relay:
             raise ValueError(f"--pipeline {cfg.pipeline} needs at least one --relay")
         self.prefill, self.relay, self.main, self.cfg = prefill, relay, main, cfg
         self.decode, self.policy = decode, policy
+        self.signer = signer  # signs P's and MD's PDD parameters (protocol.request_auth); None: unsigned
         # MD's cache: exact from its KV events where given (peer URL -> source), else approximate
         self.placement = Placement(prefill, relay, main, policy, kv_events)
         self.views, self.kv_subscribers = self.placement.views, self.placement.kv_subscribers
@@ -228,7 +230,7 @@ class Dispatcher:
         rooms = room_plan.new_rooms()
         plan = room_plan.plan({"input_ids": ids, "sampling_params": sp, **extra},
                               a.pipeline, p.host, p.bootstrap_port, rld.token_channel if rld is not None else None,
-                              rooms=rooms, rid=f"pdd-{rooms[0]:x}")
+                              rooms=rooms, rid=f"pdd-{rooms[0]:x}", signer=self.signer)
         calls = [(name, a.peers[name], body) for name, body in plan.bodies.items()]
         queues, tasks = self._start(calls)
         feed_relay, feed_main = stitcher.feed_relay, stitcher.feed_main

@@ -179,14 +179,15 @@ class FakeCluster:
 @contextlib.asynccontextmanager
 async def router_client(cluster: FakeCluster, pipeline: str = "direct", idle_s: float = 30.0,
                         limits: ModelLimits = ModelLimits(vocab_size=1024, context_len=1 << 16),
-                        tokenizer=None, max_body_bytes: int = 64 << 20, migration_limit: int = 0):
+                        tokenizer=None, max_body_bytes: int = 64 << 20, migration_limit: int = 0,
+                        signer=None):
     """A test client on a real router (Dispatcher + RouterApp) in front of `cluster`. Migration is off
     unless asked for: most tests pin what a failure does to the client."""
     tok = tokenizer or CharTokenizer()
     cfg = DispatchConfig(pipeline, request_timeout_s=max(60.0, idle_s), bandwidth_poll_s=0, load_poll_s=0,
                          idle_timeout_s={r: idle_s for r in ("prefill", "relay", "main")},
                          migration_limit=migration_limit, health_check_s=0)
-    d = Dispatcher(*cluster.pools(), cfg, decode=lambda ids: tok.decode(ids, skip_special_tokens=True))
+    d = Dispatcher(*cluster.pools(), cfg, decode=lambda ids: tok.decode(ids, skip_special_tokens=True), signer=signer)
     app = RouterApp(d, tok, "fake", limits=limits, max_body_bytes=max_body_bytes)
     async with TestClient(TestServer(app.app)) as client:
         yield client

@@ -115,6 +115,7 @@ class PddRouterConfig:
     host: str = "127.0.0.1"
     pipeline: str = "relay"
     extra: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # e.g. SGLANG_PDD_SECRET: it signs P's and MD's parameters
 
     @property
     def url(self) -> str:
@@ -132,4 +133,4 @@ class PddRouterConfig:
         return a + list(self.extra)
 
     def environ(self) -> dict[str, str]:
-        return {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+        return {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **self.env}

@@ -4,7 +4,8 @@ One relayed request, planned as the router plans it (`protocol.room_plan`): P ge
 room R and, in the same body, `custom_params.pdd.main_room = R2` so its fan-out sender also feeds MD
 (room R2). `fanout=False` sends P RLD's body (room R, no `main_room`) and a second request, MD's body
 for room R2, instead (P's radix cache makes it cheap). RLD gets room R; MD gets room R2 with
-`relay_room = R` and RLD's token-channel address.
+`relay_room = R` and RLD's token-channel address. P's and MD's parameters are signed with the
+secret the servers hold (`SGLANG_PDD_SECRET`), as the router signs them.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from sglang_pdd.metrics import parse_exposition
 from sglang_pdd.policy.pipeline import Pipeline
 from sglang_pdd.protocol import room_plan
 from sglang_pdd.protocol.handoff_finish import HandoffFinish
+from sglang_pdd.protocol.request_auth import signer_from_env
 from sglang_pdd.testing.client import GenerateError, generate
 from sglang_pdd.testing.servers import http_json
 
@@ -65,7 +67,7 @@ def relayed_generate_many(roles: Roles, bodies: list[dict], *, fanout: bool = Fa
     main_calls, relay_calls = [], []
     for i, body in enumerate(bodies):
         plan = room_plan.plan(body, Pipeline.P_RLD_MD, roles.bootstrap_host, roles.bootstrap_port,
-                              roles.token_channel, main_params=main_extra)
+                              roles.token_channel, main_params=main_extra, signer=signer_from_env())
         to_relay, to_main = plan.bodies["relay"], plan.bodies["main"]
         main_calls.append((i, "main", roles.main, to_main))
         if fanout:

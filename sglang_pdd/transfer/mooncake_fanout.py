@@ -17,6 +17,7 @@ import logging
 from typing import Any
 
 from sglang_pdd.protocol import request as request_params
+from sglang_pdd.protocol.request_auth import ParamsVerifier
 from sglang_pdd.test_switches import OFF, TestSwitches
 from sglang_pdd.transfer.fanout import FanoutContext, FanoutSender, Poll
 from sglang_pdd.transfer.lanes import FanoutRegistry
@@ -101,14 +102,29 @@ class MetadataRows:
 
 
 class FanoutBuilder:
-    def __init__(self, registry: FanoutRegistry, main_bootstrap_timeout: float, switches: TestSwitches = OFF):
+    def __init__(self, registry: FanoutRegistry, main_bootstrap_timeout: float, switches: TestSwitches = OFF,
+                 verifier: ParamsVerifier | None = None):
         self.registry = registry
         self.main_bootstrap_timeout = main_bootstrap_timeout
         self.switches = switches
+        self.verifier = verifier  # with the secret: only the router's signed main_room is taken
+
+    def main_room(self, req: Any) -> int | None:
+        """MD's room for this request, None for a plain PD request; FanoutParamsError when malformed
+        or, on a prefill holding the secret, not signed by the router for this request's room."""
+        params = self.main_params(req)
+        if params is None:
+            return None
+        if self.verifier is not None:
+            try:
+                self.verifier.check(params, req.bootstrap_room)
+            except request_params.RequestParamsError as e:
+                raise FanoutParamsError(str(e)) from None
+        return params.main_room
 
     @staticmethod
-    def main_room(req: Any) -> int | None:
-        """MD's room for this request, None for a plain PD request; FanoutParamsError when malformed."""
+    def main_params(req: Any) -> request_params.RequestParams | None:
+        """The request's PDD parameters when they name a main room (checked, not yet verified)."""
         try:
             params = request_params.parse(req.sampling_params.custom_params)
         except request_params.RequestParamsError as e:
@@ -120,7 +136,7 @@ class FanoutBuilder:
         if params.main_room == req.bootstrap_room:
             raise FanoutParamsError(f"custom_params.pdd.main_room must differ from bootstrap_room "
                                     f"({req.bootstrap_room}): the main decode needs a room of its own")
-        return params.main_room
+        return params
 
     def check_room_free(self, main_room: int, rooms_in_flight) -> None:
         """FanoutParamsError unless `main_room` is no room this prefill already serves: a leg of an

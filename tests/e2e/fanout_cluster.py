@@ -16,6 +16,7 @@ import pytest
 from sglang_pdd.metrics import parse_exposition
 from sglang_pdd.policy.pipeline import Pipeline
 from sglang_pdd.protocol import room_plan
+from sglang_pdd.protocol.request_auth import signer_from_env
 from sglang_pdd.testing import identity
 from sglang_pdd.testing.client import generate, greedy_body
 from sglang_pdd.testing.launch_args import ServerConfig
@@ -121,7 +122,8 @@ def fanout_generate(fan: Fanout, ids: list[int], *, send_main: bool = True, afte
     """P (room R, main_room R2), relay (R) and main (R2) at once; each result or its exception, and
     when it came back (seconds after sending). `after_relay(out)` runs once the relay answered."""
     # the fan-out alone: MD is a plain decode, told of no relay (no token channel)
-    plan = room_plan.plan(greedy_body(ids, NEW_TOKENS), Pipeline.P_RLD_MD, "127.0.0.1", fan.bootstrap_port)
+    plan = room_plan.plan(greedy_body(ids, NEW_TOKENS), Pipeline.P_RLD_MD, "127.0.0.1", fan.bootstrap_port,
+                          signer=signer_from_env())
     main_rid = f"fanout-main-{plan.main_room}"
     calls = {"prefill": (fan.prefill.url, plan.bodies["prefill"]), "relay": (fan.relay.url, plan.bodies["relay"])}
     if send_main:

@@ -24,6 +24,8 @@ import time
 
 import pytest
 
+from sglang_pdd.protocol.request import RequestParams
+from sglang_pdd.protocol.request_auth import signer_from_env
 from sglang_pdd.testing.client import generate, greedy_body
 from sglang_pdd.testing.servers import http_json
 
@@ -83,6 +85,9 @@ class TestPageSize1:
         ({"v": 1, "main_room": "not-a-room"}, "main_room"),
         ({"v": 9, "main_room": 5}, "version"),
         ("main_room=5", "pdd"),
+        ({"v": 1, "main_room": 5}, "not signed"),  # a client's own main_room: P holds the secret
+        (signer_from_env().sign(RequestParams(v=1, main_room=5), 12345).to_custom_params()["pdd"],
+         "does not match"),  # the router's signature, but for another request's room
     ])
     def test_malformed_pdd_param_fails_that_request_only(self, fan1, reference_server, prompts, pdd, words):
         ids = prompts.ids(30, seed=830)

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from sglang_pdd.protocol.request import RequestParams, with_params
+from sglang_pdd.protocol.request_auth import signer_from_env
 from sglang_pdd.testing.client import greedy_body, greedy_ids, pd_generate
 from sglang_pdd.testing.servers import http_json
 
@@ -39,7 +40,8 @@ def free_kv(pd) -> float:
 
 def relayed_body(ids, relay: str, room: int) -> dict:
     body = {**greedy_body(ids, NEW), "bootstrap_host": "127.0.0.1", "bootstrap_port": BOOT, "bootstrap_room": room}
-    return with_params(body, RequestParams(v=1, relay_room=random.getrandbits(63), relay=relay))
+    return with_params(body, signer_from_env().sign(RequestParams(v=1, relay_room=random.getrandbits(63), relay=relay),
+                                                    room))
 
 
 def test_an_untrusted_relay_ends_that_request_and_main_keeps_serving(pd, reference_server, prompts):

@@ -167,14 +167,15 @@ def test_main_aborted_mid_transfer_quarantines_its_region(packed, reference_serv
 
     from sglang_pdd.policy.pipeline import Pipeline
     from sglang_pdd.protocol import room_plan
-
+    from sglang_pdd.protocol.request_auth import signer_from_env
     from sglang_pdd.testing.client import generate
     from sglang_pdd.testing.servers import http_json
 
     set_knobs("prefill", main_write_delay=3.0)
     ids = prompts.ids(600, seed=706)
     # the fan-out alone: MD is told of no relay (no token channel)
-    plan = room_plan.plan(greedy_body(ids, NEW), Pipeline.P_RLD_MD, packed.bootstrap_host, packed.bootstrap_port)
+    plan = room_plan.plan(greedy_body(ids, NEW), Pipeline.P_RLD_MD, packed.bootstrap_host, packed.bootstrap_port,
+                          signer=signer_from_env())
     main_rid = f"packed-abort-{plan.main_room}"
     results: dict = {}
 

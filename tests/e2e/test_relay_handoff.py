@@ -180,11 +180,13 @@ def test_main_fails_cleanly_when_the_relay_cannot_hand_over(pdd, reference_serve
     import random
 
     from sglang_pdd.protocol.request import RequestParams
+    from sglang_pdd.protocol.request_auth import signer_from_env
 
     room = random.getrandbits(63)
     address = "tcp://127.0.0.1:1" if relay == "unreachable" else pdd.roles.token_channel
     body = greedy_body(prompts.ids(60, seed=90), 8)
-    body["sampling_params"]["custom_params"] = RequestParams(v=1, relay_room=room, relay=address).to_custom_params()
+    body["sampling_params"]["custom_params"] = signer_from_env().sign(
+        RequestParams(v=1, relay_room=room, relay=address), room).to_custom_params()
     body.update(bootstrap_host="127.0.0.1", bootstrap_port=pdd.bootstrap_port, bootstrap_room=room,
                 rid=f"no-handoff-{room}")
     out = {}

@@ -101,9 +101,10 @@ def test_the_sites_and_the_router(plan):
     assert f"http://{args.host}:{args.port}/v1/chat/completions" in req
 
 
-def test_the_secret_is_a_file_for_relay_and_main_only(plan):
+def test_the_secret_is_a_file_for_every_role_and_the_router(plan):
+    assert set(plan["start"]) >= {"prefill", "relay", "main", "router"}
     for role, (_, env, argv) in plan["start"].items():
-        assert ("SGLANG_PDD_SECRET_FILE" in env) == (role in ("relay", "main")), role
+        assert "SGLANG_PDD_SECRET_FILE" in env, role  # the router signs P's and MD's PDD parameters
         assert "SGLANG_PDD_SECRET" not in env
 
 

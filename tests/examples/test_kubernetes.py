@@ -142,9 +142,8 @@ def test_the_secret_is_a_mounted_file(site):
         role = d["metadata"]["labels"]["sglang-pdd/role"]
         names = {e["name"] for e in c.get("env", [])}
         assert "SGLANG_PDD_SECRET" not in names and not any("secret" in a.lower() for a in c["args"])
-        if role not in ("relay", "main"):
-            assert "SGLANG_PDD_SECRET_FILE" not in names
-            continue
+        # every role and the router: RLD and MD authenticate the token channel with it, the router
+        # signs P's and MD's PDD parameters, P and MD verify them
         path = next(e["value"] for e in c["env"] if e["name"] == "SGLANG_PDD_SECRET_FILE")
         vol = next(v for v in spec["volumes"] if "secret" in v)
         mount = next(m for m in c["volumeMounts"] if m["name"] == vol["name"])

@@ -82,11 +82,16 @@ def req(custom_params, room=5):
     return SimpleNamespace(sampling_params=SimpleNamespace(custom_params=custom_params), bootstrap_room=room)
 
 
+def unsigned_builder():
+    return FanoutBuilder(FanoutRegistry(), 30.0)
+
+
 def test_main_room_is_read_from_custom_params():
-    assert FanoutBuilder.main_room(req({"pdd": {"v": 1, "main_room": 9}})) == 9
-    assert FanoutBuilder.main_room(req(None)) is None
-    assert FanoutBuilder.main_room(req({"pdd": {"v": 1}})) is None
-    assert FanoutBuilder.main_room(req({"other": 1})) is None
+    b = unsigned_builder()
+    assert b.main_room(req({"pdd": {"v": 1, "main_room": 9}})) == 9
+    assert b.main_room(req(None)) is None
+    assert b.main_room(req({"pdd": {"v": 1}})) is None
+    assert b.main_room(req({"other": 1})) is None
 
 
 @pytest.mark.parametrize("params, words", [
@@ -99,7 +104,34 @@ def test_main_room_is_read_from_custom_params():
 ])
 def test_malformed_pdd_params_are_a_clear_error(params, words):
     with pytest.raises(FanoutParamsError, match=words):
-        FanoutBuilder.main_room(req(params))
+        unsigned_builder().main_room(req(params))
+
+
+def signed(params: dict, room: int, secret: bytes = b"s3cret", **kw) -> dict:
+    from sglang_pdd.protocol.request import parse
+    from sglang_pdd.protocol.request_auth import ParamsSigner
+
+    return parse(ParamsSigner(secret, **kw).sign(parse({"pdd": params}), room).to_custom_params())\
+        .to_custom_params()
+
+
+def test_a_prefill_with_the_secret_takes_only_the_routers_signed_main_room():
+    from sglang_pdd.protocol.request_auth import ParamsVerifier
+
+    b = FanoutBuilder(FanoutRegistry(), 30.0, verifier=ParamsVerifier(b"s3cret"))
+    ok = signed({"v": 1, "main_room": 9}, room=5)
+    assert b.main_room(req(ok, room=5)) == 9
+    with pytest.raises(FanoutParamsError, match="already used"):  # the same body replayed
+        b.main_room(req(ok, room=5))
+    with pytest.raises(FanoutParamsError, match="not signed"):  # what a client could send
+        b.main_room(req({"pdd": {"v": 1, "main_room": 9}}, room=5))
+    with pytest.raises(FanoutParamsError, match="does not match"):  # signed for another request's room
+        b.main_room(req(signed({"v": 1, "main_room": 9}, room=6), room=5))
+    with pytest.raises(FanoutParamsError, match="does not match"):  # another secret
+        b.main_room(req(signed({"v": 1, "main_room": 9}, room=5, secret=b"other"), room=5))
+    assert b.main_room(req({"pdd": {"v": 1}}, room=5)) is None  # RLD's parameters name no room: nothing to sign
+    # negative control: without the secret the same unsigned body is taken, as before
+    assert unsigned_builder().main_room(req({"pdd": {"v": 1, "main_room": 9}}, room=5)) == 9
 
 
 def test_the_mains_metadata_row_is_a_copy_that_names_the_mains_room():

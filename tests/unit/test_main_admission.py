@@ -12,6 +12,7 @@ from sglang_pdd.config import PddConfig
 from sglang_pdd.hooks import decode as decode_hooks
 from sglang_pdd.main.runtime import MainRuntime
 from sglang_pdd.protocol.request import RequestParams
+from sglang_pdd.protocol.request_auth import ParamsSigner
 from sglang_pdd.roles import Role
 
 pytest.importorskip("sglang")
@@ -20,6 +21,8 @@ TRUSTED = "tcp://127.0.0.1:18599"
 # zmq refuses to connect there (no port): start-up validation keeps it out of --pdd-relays, the config
 # here does not, so that the path where connecting raises is exercised
 UNCONNECTABLE = "tcp://rld-nowhere"
+SECRET = b"s"
+MD_ROOM = 77
 
 
 @dataclass
@@ -31,6 +34,7 @@ class Req:
     return_logprob: bool = False
     sampling_params: object = None
     logprob: object = field(default_factory=SimpleNamespace)
+    bootstrap_room: int = MD_ROOM
 
     def __post_init__(self):
         self.sampling_params = SimpleNamespace(custom_params=self.custom_params)
@@ -42,15 +46,19 @@ class Req:
         return None if self.finished_reason is None else self.finished_reason.to_json()
 
 
-def relayed(rid: str, relay: str, room: int = 7) -> Req:
-    return Req(rid, RequestParams(v=1, relay_room=room, relay=relay).to_custom_params())
+def relayed(rid: str, relay: str, room: int = 7, signer=ParamsSigner(SECRET), md_room: int = MD_ROOM,
+            signed_for: int | None = None) -> Req:
+    """MD's copy of a relayed request as the router sends it (signed for MD's room)."""
+    params = RequestParams(v=1, relay_room=room, relay=relay)
+    signed = signer.sign(params, md_room if signed_for is None else signed_for) if signer else params
+    return Req(rid, signed.to_custom_params(), bootstrap_room=md_room)
 
 
 @pytest.fixture
 def main(monkeypatch):
     scheduler = SimpleNamespace(model_config=SimpleNamespace(vocab_size=1000), waiting_queue=[])
     rt = MainRuntime(scheduler, PddConfig(role=Role.MAIN, relays=f"{TRUSTED},{UNCONNECTABLE}"),
-                     secret=b"s")
+                     secret=SECRET)
     scheduler._pdd_runtime = rt
     yield rt
     rt.channel.close()
@@ -85,11 +93,33 @@ def test_a_trusted_relay_that_cannot_be_connected_ends_that_request(main):
 
 
 def test_a_second_request_for_a_relay_room_in_hand_is_refused(main):
-    first, second = relayed("e", TRUSTED, room=9), relayed("f", TRUSTED, room=9)
+    first, second = relayed("e", TRUSTED, room=9), relayed("f", TRUSTED, room=9, md_room=MD_ROOM + 2)
     main.admit(first)
     main.admit(second)
     assert first.error() is None and main.handoff.is_relayed(first)
     assert "already being handed over" in second.error()["message"]
+
+
+@pytest.mark.parametrize("req, words", [
+    (relayed("u", TRUSTED, signer=None), "not signed"),  # what a client reaching MD could send
+    (relayed("w", TRUSTED, signer=ParamsSigner(b"other")), "does not match"),
+    (relayed("x", TRUSTED, signed_for=MD_ROOM + 1), "does not match"),  # signed for another request's room
+    (relayed("y", TRUSTED, signer=ParamsSigner(SECRET, ttl_s=-10)), "expired"),
+])
+def test_only_the_routers_signed_parameters_for_this_room_are_taken(main, req, words):
+    main.admit(req)
+    err = req.error()
+    assert err is not None and err["status_code"] == 400 and words in err["message"], err
+    assert not main.handoff.pending and not main.channel.sockets()
+
+
+def test_signed_parameters_replayed_are_refused(main):
+    first = relayed("r1", TRUSTED, room=11)
+    again = Req("r2", first.custom_params, bootstrap_room=first.bootstrap_room)
+    main.admit(first)
+    main.admit(again)
+    assert first.error() is None and main.handoff.is_relayed(first)  # the control: the first is taken
+    assert again.error()["status_code"] == 400 and "already used" in again.error()["message"]
 
 
 def test_malformed_parameters_end_that_request_with_a_400(main):

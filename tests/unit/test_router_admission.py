@@ -54,6 +54,30 @@ def test_client_pdd_params_and_bootstrap_keys_never_reach_a_role(pipeline):
             assert pdd == {"v": 1, "main_room": roles["main"]["bootstrap_room"]}
 
 
+def test_the_router_signs_p_and_mds_parameters_for_their_own_rooms():
+    """What P and MD verify (protocol.request_auth): the router's signature, bound to each body's room."""
+    from sglang_pdd.protocol.request import RequestParamsError, parse
+    from sglang_pdd.protocol.request_auth import ParamsSigner, ParamsVerifier
+
+    body = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 8, "custom_params": {"pdd": CLIENT_PDD}}}
+
+    async def go():
+        async with fu.FakeCluster() as cl:
+            status, _ = await _post(cl, "/generate", body, pipeline="relay", signer=ParamsSigner(b"k"))
+            return status, cl
+
+    status, cl = run(go())
+    assert status == 200
+    p, md = cl.prefill.bodies[0], cl.main.bodies[0]
+    pp, mp = (parse(b["sampling_params"]["custom_params"]) for b in (p, md))
+    ParamsVerifier(b"k").check(pp, p["bootstrap_room"])
+    ParamsVerifier(b"k").check(mp, md["bootstrap_room"])
+    with pytest.raises(RequestParamsError, match="does not match"):  # each is bound to its own body's room
+        ParamsVerifier(b"k").check(pp, md["bootstrap_room"])
+    with pytest.raises(RequestParamsError, match="does not match"):  # and to the secret
+        ParamsVerifier(b"other").check(mp, md["bootstrap_room"])
+
+
 def test_openai_bodies_cannot_carry_pdd_params():
     body = {"prompt": "abc", "max_tokens": 4, "custom_params": {"pdd": CLIENT_PDD},
             "sampling_params": {"custom_params": {"pdd": CLIENT_PDD}}, "bootstrap_room": 42}

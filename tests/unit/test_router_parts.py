@@ -81,3 +81,20 @@ def test_router_cli_deadlines_and_limits():
                                       "--main-idle-timeout", "90", "--context-length", "4096", "--max-body-mb", "8"])
     assert (args.prefill_idle_timeout, args.relay_idle_timeout, args.main_idle_timeout) == (600.0, 120.0, 90.0)
     assert args.context_length == 4096 and args.max_body_mb == 8.0
+
+
+def test_a_router_with_relays_needs_the_secret_to_sign_with(monkeypatch, tmp_path):
+    from sglang_pdd.router.__main__ import _signer
+
+    monkeypatch.delenv("SGLANG_PDD_SECRET", raising=False)
+    monkeypatch.delenv("SGLANG_PDD_SECRET_FILE", raising=False)
+    with pytest.raises(SystemExit, match="--relay needs SGLANG_PDD_SECRET"):
+        _signer(has_relays=True)
+    assert _signer(has_relays=False) is None  # P->MD only: no PDD parameters to sign
+    f = tmp_path / "secret"
+    f.write_text("from-a-file\n")
+    monkeypatch.setenv("SGLANG_PDD_SECRET_FILE", str(f))
+    assert _signer(has_relays=True) is not None
+    monkeypatch.setenv("SGLANG_PDD_SECRET", "both")
+    with pytest.raises(SystemExit, match="set one"):
+        _signer(has_relays=True)
