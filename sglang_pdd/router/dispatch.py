@@ -26,6 +26,7 @@ from sglang_pdd.router.peers import Peer, PeerPool
 from sglang_pdd.policy.pipeline import Pipeline, PipelinePolicy, RouteInputs
 from sglang_pdd.router.bandwidth_feed import TransferRateFeed
 from sglang_pdd.router.placement import MainChoice, Placement
+from sglang_pdd.router.output_view import OutputView
 from sglang_pdd.router.stitch import Delta, Stitcher, StitchError
 
 logger = logging.getLogger(__name__)
@@ -332,6 +333,7 @@ class Dispatcher:
     async def _drain(self, role: str, q: asyncio.Queue, feed, lp: list, lp_offset: int = 0) -> AsyncIterator[Delta]:
         """`lp_offset`: the client's tokens before this copy's output (a migrated copy)."""
         idle, started = self.cfg.idle(role), False
+        output = OutputView()  # this copy's whole output, streamed cumulatively or as deltas
         while True:
             try:  # a chunk already waiting needs no timer (wait_for costs a task per call)
                 item = q.get_nowait() if not q.empty() else await asyncio.wait_for(q.get(), idle)
@@ -346,13 +348,13 @@ class Dispatcher:
             meta = item.get("meta_info") or {}
             reason = meta.get("finish_reason")
             try:
-                delta = feed(item.get("output_ids") or [], reason)
+                ids, got = output.push(item)
+                delta = feed(ids, reason)
             except StitchError as e:
                 raise RequestFailed(f"pdd stitching: {e}", status=502) from None
             except (TypeError, ValueError, KeyError, AttributeError) as e:  # a chunk not shaped as sglang's
                 logger.warning("%s sent a malformed chunk: %r", role, e)
                 raise RequestFailed(f"{role}: a malformed stream chunk", status=502) from None
-            got = meta.get("output_token_logprobs")
             if got:  # cumulative, aligned with output_ids; after the handoff MD's repeats t1..tk
                 lp.extend(got[len(lp) - lp_offset:])
             if delta.token_ids or delta.text or delta.finish_reason:

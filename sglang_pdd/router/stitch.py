@@ -4,7 +4,8 @@ RLD streams t1..tk and ends with the internal `pdd_handoff` finish (`protocol.ha
 output then starts over at t1 (its `output_ids` hold the eager tokens it took over) and goes on. The
 client sees t1..tk from RLD, then MD's tokens from index k on. If RLD finishes the request itself
 (EOS, stop, length), its finish is final and MD's stream is ignored. The handoff finish never
-reaches the client. sglang streams cumulative `output_ids`; both feeds take those.
+reaches the client. Both feeds take a copy's cumulative `output_ids` (`router.output_view` builds
+them from a server streaming deltas, `--incremental-streaming-output`).
 
 Text is decoded here from the stitched token IDs (not taken from either server), so a multi-byte
 character whose bytes straddle the handoff comes out whole: text that ends in an incomplete

@@ -2,7 +2,8 @@
 benchmark (`bench.router_bench`) put them behind a real `Dispatcher` and `RouterApp`.
 
 Each `FakeRole` answers `/generate` as its role does in sglang, the wire format included: P answers
-one JSON reply; RLD and MD stream SSE lines of cumulative `output_ids` (and logprobs when asked),
+one JSON reply; RLD and MD stream SSE lines of cumulative `output_ids` (and logprobs when asked;
+deltas with `incremental`, as sglang's `--incremental-streaming-output`; `completion_tokens` either way),
 RLD ending with the `pdd_handoff` finish after `handoff_k` tokens, MD starting over at t1. Output
 token i of any request is `token(i)`. `behaviour` replaces the normal answer for one test (a hang, an
 error, a broken stream, ...). Every body and every abort is recorded.
@@ -50,10 +51,11 @@ def _sse(obj) -> bytes:
     return b"data: " + json.dumps(obj).encode() + b"\n\n"
 
 
-def chunk(ids: list[int], reason: dict | None, logprobs: bool, **meta) -> dict:
+def chunk(ids: list[int], reason: dict | None, logprobs: bool, first: int = 0, **meta) -> dict:
+    """A streamed chunk of output tokens `first` on (0: a cumulative chunk)."""
     m = {"finish_reason": reason, **meta}
     if logprobs:
-        m["output_token_logprobs"] = [[-0.123456789012345 - i * 1e-9, t, None] for i, t in enumerate(ids)]
+        m["output_token_logprobs"] = [[-0.123456789012345 - i * 1e-9, t, None] for i, t in enumerate(ids, first)]
     return {"text": "", "output_ids": ids, "meta_info": m}
 
 
@@ -62,6 +64,7 @@ class FakeRole:
     role: str  # prefill, relay, main
     handoff_k: int = 4  # relay: tokens before it hands off (0: it never hands off)
     every: int = 1  # tokens per streamed chunk (sglang's stream_interval)
+    incremental: bool = False  # stream deltas (sglang's --incremental-streaming-output), not cumulative
     behaviour: Callable[[web.Request, dict], Awaitable[web.StreamResponse]] | None = None
     bodies: list[dict] = field(default_factory=list)
     aborts: list[str] = field(default_factory=list)
@@ -99,10 +102,13 @@ class FakeRole:
         cuts = list(range(self.every, n, self.every)) + [n]
         start = self.handoff_k if self.role == "main" and body.get("sampling_params", {}).get(
             "custom_params") else 0  # MD after a handoff: its first chunk already holds t1..tk
+        sent = 0
         for c in cuts:
             if c < start:
                 continue
-            await resp.write(_sse(chunk(ids[:c], ends.get(c), lp)))
+            first = sent if self.incremental else 0
+            await resp.write(_sse(chunk(ids[first:c], ends.get(c), lp, first, completion_tokens=c)))
+            sent = c
         await resp.write(b"data: [DONE]\n\n")
         return resp
 

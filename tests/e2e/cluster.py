@@ -117,7 +117,8 @@ class PDDServers:
 
 def start_pdd(server_group, model: str, *, base_port: int, bootstrap_port: int, token_port: int,
               handoff_timeout: float, page_size: int = 1, prefill_chunk: int = -1,
-              prefill_extra: tuple = (), main_extra: tuple = (), mains: int = 1) -> PDDServers:
+              prefill_extra: tuple = (), relay_extra: tuple = (), main_extra: tuple = (),
+              mains: int = 1) -> PDDServers:
     """P (--pdd-role prefill), RLD (relay) and MD (main, decode radix cache) in one namespace, each
     with a test-knobs file (`PDDServers.knobs`); `mains` > 1 starts more MDs (ports base + 10, + 11, ...)
     at the same time."""
@@ -132,7 +133,7 @@ def start_pdd(server_group, model: str, *, base_port: int, bootstrap_port: int, 
         extra=["--pdd-role", "prefill", *prefill_extra], env={ENV_TEST_KNOBS: files["prefill"]}))
     rld = server_group.start(f"pdd-relay-{base_port + 1}", ServerConfig(
         port=base_port + 1, nccl_port=base_port + 1001, mode="decode", **common,
-        extra=["--pdd-role", "relay", "--pdd-token-port", str(token_port), *timeout],
+        extra=["--pdd-role", "relay", "--pdd-token-port", str(token_port), *timeout, *relay_extra],
         env={ENV_TEST_KNOBS: files["relay"]}))
     mds = [server_group.start(f"pdd-main-{port}", ServerConfig(
         port=port, nccl_port=port + 1000, mode="decode", decode_radix_cache=True, **common,

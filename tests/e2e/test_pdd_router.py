@@ -19,12 +19,14 @@ TOKEN_PORT = 18600
 N = 96
 EAGER = 4  # RLD's relay_min_eager knob for this module: every relayed request hands over at k >= 4
 SEEDED = {"temperature": 0.8, "top_p": 0.9, "sampling_seed": 77}
+INCREMENTAL = ("--incremental-streaming-output",)
 
 
 @pytest.fixture(scope="module")
 def router(server_group, tiny_model):
+    # RLD and MD stream deltas (--incremental-streaming-output); the other modules' stream cumulatively
     pdd = start_pdd(server_group, tiny_model, base_port=30800, bootstrap_port=8996, token_port=TOKEN_PORT,
-                    handoff_timeout=10)
+                    handoff_timeout=10, relay_extra=INCREMENTAL, main_extra=INCREMENTAL)
     pdd.set_knobs("relay", relay_min_eager=EAGER)
     p, rld, md, boot = pdd.prefill, pdd.relay, pdd.main, pdd.bootstrap_port
     base = 30800
@@ -82,6 +84,26 @@ def check_generate(router, reference_server, ids, pipeline, stream, n=N, what=""
 @pytest.mark.parametrize("stream", [False, True])
 def test_generate_is_token_identical_to_a_single_server(router, reference_server, prompts, pipeline, stream):
     check_generate(router, reference_server, prompts.ids(600, seed=100 + stream), pipeline, stream)
+
+
+@pytest.mark.parametrize("pipeline", ["relay", "direct"])
+def test_deltas_from_the_decode_roles_come_out_whole_with_their_logprobs(router, reference_server, prompts, pipeline):
+    """RLD and MD stream deltas here (sglang's --incremental-streaming-output; O(n) bytes, not O(n^2)):
+    the router's answer is the single server's, tokens and logprobs, across the handoff."""
+    for role in ("relay_server", "main"):
+        status, info = http_json(router[role].url + "/get_server_info")
+        assert status == 200 and info["incremental_streaming_output"] is True, role
+    ids, n = prompts.ids(400, seed=107), 48
+    want = identity.reference(reference_server.url, ids, n)
+    before = handoffs_on_main(router)
+    status, got = http_json(router[pipeline].url + "/generate", {**greedy_body(ids, n), "return_logprob": True})
+    assert status == 200, got
+    identity.check(want, got["output_ids"], f"router {pipeline}, incremental roles")
+    if pipeline == "relay":
+        assert_one_handoff(router, before)
+    lps = got["meta_info"]["output_token_logprobs"]
+    assert [t for _, t, _ in lps] == got["output_ids"]  # one per token: none lost or repeated at the handoff
+    assert max(abs(a[0] - b) for a, b in zip(lps, want.logprobs)) < 1e-3
 
 
 @pytest.mark.parametrize("pipeline", ["relay", "direct"])
