@@ -5,3 +5,10 @@ Importing the package is cheap and never imports sglang; the sglang hooks live i
 """
 
 __version__ = "0.1.0"
+
+
+def Engine(**kwargs):  # noqa: N802  (named as sglang's)
+    """sglang's offline Engine with the plugin's `pdd_*` options (see `sglang_pdd.engine`)."""
+    from sglang_pdd.engine import Engine as _engine
+
+    return _engine(**kwargs)

@@ -48,3 +48,19 @@ def unsupported(cfg: PddConfig, args: Any) -> list[str]:
     if getattr(args, "enable_dp_attention", False):
         out.append(f"{role} does not run with DP attention ({why}): drop --enable-dp-attention")
     return out
+
+
+def validated(args: Any) -> PddConfig:
+    """The `--pdd-*` options of `args` (sglang's parsed flags plus the plugin's, by their dest names)
+    checked against each other and against sglang's; PddConfigError lists every problem."""
+    from sglang_pdd import config
+
+    cfg = config.from_cli_args(
+        args,
+        disaggregation_mode=getattr(args, "disaggregation_mode", "null") or "null",
+        decode_radix_cache=bool(getattr(args, "disaggregation_decode_enable_radix_cache", False)),
+    )
+    problems = unsupported(cfg, args)
+    if problems:
+        raise config.PddConfigError("\nsglang-pdd: error: ".join(problems))
+    return cfg

@@ -17,16 +17,9 @@ def after_add_cli_args(_result, parser) -> None:
 def after_from_cli_args(server_args, _cls, args, *, require_hooks_applied: Callable[[], None]) -> None:
     """The plugin passes `require_hooks_applied` (`Hook.plugin_check`): a hook never imports the plugin."""
     try:
-        cfg = config.from_cli_args(
-            args,
-            disaggregation_mode=getattr(args, "disaggregation_mode", "null") or "null",
-            decode_radix_cache=bool(getattr(args, "disaggregation_decode_enable_radix_cache", False)),
-        )
-        problems = supported.unsupported(cfg, args)
+        cfg = supported.validated(args)
     except config.PddConfigError as e:
         raise SystemExit(f"sglang-pdd: error: {e}") from None
-    if problems:
-        raise SystemExit("\n".join(f"sglang-pdd: error: {p}" for p in problems))
     if cfg.active:
         require_hooks_applied()
     server_args._pdd_config = cfg.to_json()  # bookkeeping: survives pickling to the schedulers
