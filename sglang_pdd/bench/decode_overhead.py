@@ -1,0 +1,137 @@
+"""What the plugin costs a decode step: MainDecode (`--pdd-role main`) against plain sglang decode.
+
+    python -m sglang_pdd.bench.decode_overhead [--batch 8] [--tokens 256] [--repeat 3] [--json OUT]
+
+One plain prefill server feeds two decode servers on loopback, identical but for `--pdd-role main`
+(both with the decode radix cache, as MD runs): `plain` and `main`. Each repeat sends the same batch
+of `--batch` concurrent requests (P->decode, greedy, exactly `--tokens` output tokens each) to
+`plain`, then to `main` (ABAB over repeats). Decode throughput of a batch = output tokens after each
+request's first / (last chunk of any request - first chunk of any request), from the streams the
+decode servers send. Printed: each server's median (min-max) and `main / plain` per repeat. On CPU
+the ratio says what the plugin's per-step hooks cost; run the same script on a GPU box for the
+figure that matters. MD refuses sglang's overlap scheduler (`supported.py`), so only the non-overlap
+loop is compared; `--with-overlap` adds plain decode with the overlap scheduler as a third row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+from sglang_pdd.testing.client import generate, greedy_body, sse_chunks
+from sglang_pdd.testing.launch_args import ServerConfig
+from sglang_pdd.testing.prompts import PromptMaker
+from sglang_pdd.testing.servers import ServerGroup, free_port
+from sglang_pdd.testing.tiny_model import build_cached
+
+HOST = "127.0.0.1"
+
+
+@dataclass
+class OverlapConfig(ServerConfig):
+    """A ServerConfig whose server runs sglang's overlap scheduler (its default)."""
+
+    def argv(self) -> list[str]:
+        return [a for a in super().argv() if a != "--disable-overlap-schedule"]
+
+
+def batch_throughput(prefill: str, decode: str, boot: int, prompts: list[list[int]], tokens: int) -> float:
+    """Decode tokens per second of one concurrent batch (see the module docstring)."""
+    firsts, lasts, counts, errors = [], [], [], []
+
+    def one(ids: list[int]) -> None:
+        body = {**greedy_body(ids, tokens, min_new_tokens=tokens), "bootstrap_host": HOST, "bootstrap_port": boot,
+                "bootstrap_room": random.getrandbits(63)}
+        t = threading.Thread(target=lambda: generate(prefill, body))
+        t.start()
+        first = last = None
+        n = 0
+        try:
+            for chunk in sse_chunks(decode, body):
+                now = time.monotonic()
+                first = first if first is not None else now
+                last, n = now, len(chunk.get("output_ids") or [])
+        except Exception as e:  # reported below
+            errors.append(e)
+        t.join()
+        firsts.append(first)
+        lasts.append(last)
+        counts.append(n)
+
+    threads = [threading.Thread(target=one, args=(ids,)) for ids in prompts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors or min(counts) != tokens:
+        raise RuntimeError(f"batch failed: {errors[:1]} counts {counts}")
+    return sum(c - 1 for c in counts) / (max(lasts) - min(firsts))
+
+
+def run(args) -> dict:
+    model = build_cached(".artifacts/models")
+    pm = PromptMaker(model)
+    boot = free_port()
+    common = dict(model=model, host=HOST, bootstrap_port=boot, max_running_requests=max(8, args.batch))
+    decodes = {"plain": ServerConfig, "main": ServerConfig}
+    if args.with_overlap:
+        decodes["plain-overlap"] = OverlapConfig
+    with ServerGroup(args.log_dir) as g:
+        p = g.start("prefill", ServerConfig(port=free_port(), nccl_port=free_port(), mode="prefill", **common))
+        servers = {}
+        for name, cls in decodes.items():
+            extra = ["--pdd-role", "main"] if name == "main" else []
+            servers[name] = g.start(name, cls(port=free_port(), nccl_port=free_port(), mode="decode",
+                                              decode_radix_cache=True, extra=extra, **common))
+        for s in (p, *servers.values()):
+            s.wait_ready()
+        figures: dict[str, list[float]] = {name: [] for name in servers}
+        warm = [pm.ids(args.prompt, seed=1)]
+        for s in servers.values():
+            batch_throughput(p.url, s.url, boot, warm, 8)
+        for r in range(args.repeat):
+            prompts = [pm.ids(args.prompt, seed=100 * r + i) for i in range(args.batch)]
+            for name, s in servers.items():  # the same prompts, in the same order, on every server
+                figures[name].append(batch_throughput(p.url, s.url, boot, prompts, args.tokens))
+                print(f"repeat {r + 1}: {name} {figures[name][-1]:.1f} tok/s", file=sys.stderr, flush=True)
+    return {"batch": args.batch, "tokens": args.tokens, "prompt": args.prompt, "repeat": args.repeat,
+            "tok_per_s": figures, "main_over_plain": [m / b for m, b in zip(figures["main"], figures["plain"])]}
+
+
+def table(res: dict) -> str:
+    lines = [f"decode throughput, batch {res['batch']} x {res['tokens']} tokens (prompts of {res['prompt']}), "
+             f"{res['repeat']} repeats, median (min-max):", "| decode server | tok/s | vs plain, per repeat |",
+             "|---|---|---|"]
+    plain = res["tok_per_s"]["plain"]
+    for name, xs in res["tok_per_s"].items():
+        ratios = " / ".join(f"{x / b:.3f}" for x, b in zip(xs, plain))
+        lines.append(f"| {name} | {statistics.median(xs):.1f} ({min(xs):.1f}-{max(xs):.1f}) | {ratios} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sglang_pdd.bench.decode_overhead", description=__doc__.split("\n")[0])
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--prompt", type=int, default=200, help="prompt tokens per request")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--with-overlap", action="store_true", help="add plain decode with the overlap scheduler")
+    ap.add_argument("--log-dir", default=".artifacts/decode-overhead")
+    ap.add_argument("--json", help="write the figures here")
+    args = ap.parse_args(argv)
+    res = run(args)
+    print(table(res))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,16 @@
+"""The decode-overhead benchmark's report (the run itself starts servers: python -m sglang_pdd.bench.decode_overhead)."""
+
+from sglang_pdd.bench.decode_overhead import OverlapConfig, table
+
+
+def test_the_table_gives_each_servers_median_range_and_ratio_per_repeat():
+    res = {"batch": 8, "tokens": 256, "prompt": 200, "repeat": 3,
+           "tok_per_s": {"plain": [100.0, 110.0, 90.0], "main": [98.0, 99.0, 91.0]}}
+    out = table(res)
+    assert "| plain | 100.0 (90.0-110.0) | 1.000 / 1.000 / 1.000 |" in out
+    assert "| main | 98.0 (91.0-99.0) | 0.980 / 0.900 / 1.011 |" in out
+
+
+def test_the_overlap_row_drops_only_the_non_overlap_flag():
+    argv = OverlapConfig(model="m", port=1).argv()
+    assert "--disable-overlap-schedule" not in argv and "--sleep-on-idle" in argv
