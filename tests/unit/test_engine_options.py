@@ -11,6 +11,15 @@ from sglang_pdd.config import ENV_CONFIG, PddConfig  # noqa: E402
 CPU = dict(model_path="unused", device="cpu", disable_cuda_graph=True)
 
 
+@pytest.fixture(autouse=True)
+def no_plugin_loading(monkeypatch):
+    """sglang's load_plugins() applies the plugin's hooks to sglang's classes for the whole process
+    (its parser would then carry --pdd-* twice in other tests); the engine's own start loads them."""
+    import sglang.srt.plugins
+
+    monkeypatch.setattr(sglang.srt.plugins, "load_plugins", lambda: None)
+
+
 def test_the_plugins_keywords_are_split_from_sglangs():
     pdd, rest = engine.split({"pdd_role": "main", "tp_size": 1, "pdd_relays": "tcp://r:1"})
     assert pdd == {"pdd_role": "main", "pdd_relays": "tcp://r:1"} and rest == {"tp_size": 1}
