@@ -133,6 +133,11 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability("input validation", "0001",
                f"{_SRT}.managers.tokenizer_manager:TokenizerManager._validate_input_token_ids",
                (f"{_SRT}.managers.tokenizer_manager.TokenizerManager._validate_one_request",)),
+    # P's fan-out: MD's room is a KV destination of sglang's multi-destination sender
+    Capability("KV destinations (fan-out)", "0002",
+               f"{_SRT}.disaggregation.prefill:set_kv_destinations_provider",
+               (f"{_SRT}.disaggregation.prefill.PrefillBootstrapQueue.create_sender",),
+               use="prefill:use_destinations_provider"),
     # MD's landing offer travels as a named extension of its metadata message; P reads it back
     Capability("transfer-metadata extensions", "0004",
                f"{_SRT}.disaggregation.base.metadata_extensions:register_transfer_metadata_extension",

@@ -1,6 +1,9 @@
 """Run by tests/unit/test_patches.py with the patched sglang first on PYTHONPATH (not a pytest module).
 
 Checks that the plugin serves each ported capability through sglang's own classes there:
+* 0002: P's fan-out is sglang's KV destinations provider: `create_sender` builds a
+  `MultiDestinationKVSender` with MD's room, the fan-out registry follows it open and closed, and a
+  malformed `pdd` parameter is a 400 whose rooms P refuses;
 * 0004: MD's landing offer, registered as a transfer-metadata extension, travels in sglang's
   metadata message and P's sender finds it in `TransferInfo.extensions`, with no hook.
 Prints "PLUGIN CHECKS OK" and exits 0 when every check holds.
@@ -68,10 +71,73 @@ def check_landing_extension() -> None:
     print("0004: the landing offer travels as a transfer-metadata extension")
 
 
+class _Sender:
+    def __init__(self, mgr, bootstrap_addr, bootstrap_room, req_has_disagg_prefill_dp_rank):
+        self.bootstrap_room, self.bootstrap_server_url = bootstrap_room, bootstrap_addr
+        self.cleared = False
+
+    def poll(self):
+        return 1  # Bootstrapping
+
+    def clear(self):
+        self.cleared = True
+
+    def abort(self):
+        pass
+
+
+def check_destinations_provider() -> None:
+    import threading
+    from http import HTTPStatus
+    from unittest.mock import MagicMock, patch
+
+    from sglang.srt.disaggregation import prefill as prefill_mod
+    from sglang.srt.disaggregation.common.multi_destination import MultiDestinationKVSender
+
+    from sglang_pdd.process_state import fanout
+    from sglang_pdd.transfer.mooncake_fanout import FanoutBuilder
+
+    plugin.use_capabilities()
+    assert prefill_mod._kv_destinations_provider is not None
+    fanout.builder = lambda: FanoutBuilder(fanout.REGISTRY, 5.0)  # P (--pdd-role prefill)
+    kv = SimpleNamespace(failure_lock=threading.Lock(), failure_records={}, transfer_infos={},
+                         req_to_decode_prefix_len={}, request_status={}, _room_notify_targets=lambda room: [])
+    q = MagicMock(queue=[], kv_manager=kv, bootstrap_port=8998)
+    q.scheduler.disagg_prefill_inflight_queue = []
+    q._check_if_req_exceed_kv_capacity.return_value = False
+    q._check_kv_destinations = prefill_mod.PrefillBootstrapQueue._check_kv_destinations
+    q._create_multi_destination_sender = (
+        lambda *a: prefill_mod.PrefillBootstrapQueue._create_multi_destination_sender(q, *a))
+    q.scheduler.token_to_kv_pool_allocator.page_size = 4
+
+    def create(room, pdd):
+        req = SimpleNamespace(rid=f"r{room}", bootstrap_host="10.0.0.1", bootstrap_room=room,
+                              disagg_prefill_dp_rank=None, return_logprob=False,
+                              sampling_params=SimpleNamespace(custom_params=pdd and {"pdd": pdd}))
+        with patch.object(prefill_mod, "get_kv_class", return_value=_Sender), \
+                patch.object(prefill_mod, "prepare_abort") as abort:
+            return prefill_mod.PrefillBootstrapQueue.create_sender(q, req, 1), req, abort
+
+    ok, req, _ = create(1, {"v": 1, "main_room": 7})
+    sender = req.disagg_kv_sender
+    assert ok and isinstance(sender, MultiDestinationKVSender) and list(sender.destination_status()) == [7]
+    assert sender.bootstrap_room == 1 and fanout.REGISTRY.is_main(7) and fanout.REGISTRY.is_relay(1)
+    assert sender.destination_status()[7].state.value == "waiting"
+    ok2, _, abort = create(2, {"v": 1, "main_room": 7})  # MD's room of a fan-out in flight
+    assert not ok2 and abort.call_args.kwargs["status_code"] == HTTPStatus.BAD_REQUEST, abort.call_args
+    assert "already serves" in abort.call_args.args[1] and fanout.REGISTRY.refuses(2)
+    sender.clear()  # P releases the request: MD's room is closed, a late registration refused
+    assert not fanout.REGISTRY.is_main(7) and fanout.REGISTRY.refuses(7)
+    ok3, req3, _ = create(3, None)
+    assert ok3 and isinstance(req3.disagg_kv_sender, _Sender)  # plain PD: one sender
+    print("0002: P's fan-out is sglang's KV destinations provider")
+
+
 def main() -> int:
     assert "/python/sglang/" in sglang.__file__, f"not the patched copy: {sglang.__file__}"
     check_capabilities()
     check_landing_extension()
+    check_destinations_provider()
     print("PLUGIN CHECKS OK")
     return 0
 
