@@ -67,7 +67,7 @@ HOOKS: tuple[Hook, ...] = (
     Hook(f"{_SRT}.disaggregation.mooncake.conn.MooncakeKVManager.update_status",
          "idle:around_update_status", "AROUND"),  # wakes an idle scheduler; P's refusals (process_state.fanout)
     Hook(f"{_SRT}.managers.scheduler_components.internal_state.SchedulerInternalStateController"
-         ".get_internal_state", "prefill:after_get_internal_state", "AFTER"),
+         ".get_internal_state", "server_info:after_get_internal_state", "AFTER"),
     # The packed WAN path (--pdd-packed-wan): MD offers landing regions, P packs into them, MD unpacks
     Hook(f"{_SRT}.disaggregation.prefill.PrefillBootstrapQueue._init_kv_manager",
          "packed_wan:after_init_kv_manager", "AFTER"),
@@ -223,9 +223,11 @@ def load() -> None:
         raise PluginLoadError(msg)
     _log_capabilities()
     from sglang_pdd import thread_names  # ctypes and subprocess: not at plugin import
+    from sglang_pdd.process_state import capabilities
 
     thread_names.install()  # only with SGLANG_PDD_THREAD_NAMES=1 (the benchmark's servers)
     use_capabilities()
+    capabilities.record(capability_paths())
     for h in active_hooks():
         HookRegistry.register(h.target, h.resolve_body(), HookType[h.kind])
     _loaded = True

@@ -1,9 +1,9 @@
-"""Prefill (P) hooks: the fan-out sender, its main lanes, and P's pool state for leak checks.
+"""Prefill (P) hooks: the fan-out sender and its main lanes.
 
 Active with `--pdd-role prefill` only; on any other server every body calls straight through.
-The logic lives in sglang_pdd.transfer (fanout, lanes, mooncake_fanout, pool_state), the fan-out
-registry, lanes and builder in sglang_pdd.process_state.fanout; P's refusal of late registrations is
-hooks/idle.py's `around_update_status`.
+The logic lives in sglang_pdd.transfer (fanout, lanes, mooncake_fanout), the fan-out registry, lanes
+and builder in sglang_pdd.process_state.fanout; P's refusal of late registrations is hooks/idle.py's
+`around_update_status`, P's pool state for leak checks hooks/server_info.py.
 
 On sglang with patch 0002 `create_sender` is not hooked (plugin.CAPABILITIES): `kv_destinations` is
 sglang's KV destinations provider, MD's room a `KVDestination`, and sglang's
@@ -16,7 +16,6 @@ import logging
 from http import HTTPStatus
 
 from sglang_pdd.process_state import fanout
-from sglang_pdd.transfer import pool_state
 from sglang_pdd.transfer.mooncake_fanout import FanoutParamsError, refuse_room
 
 logger = logging.getLogger(__name__)
@@ -86,12 +85,6 @@ def around_add_transfer_request(original, manager, room, *args, **kwargs):
     if fanout.builder() is None:
         return original(manager, room, *args, **kwargs)
     return fanout.LANES.route(original, manager, room, *args, **kwargs)
-
-
-def after_get_internal_state(result, controller, *args, **kwargs):
-    if fanout.builder() is not None and isinstance(getattr(result, "internal_state", None), dict):
-        result.internal_state[pool_state.KEY] = pool_state.prefill_pool_state(controller.scheduler)
-    return result
 
 
 def _reject(queue, req, message: str) -> None:
