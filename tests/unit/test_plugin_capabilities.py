@@ -67,3 +67,17 @@ def test_every_capability_hands_the_plugin_a_callable_or_needs_none():
         use = cap.resolve_use()
         assert use is None or callable(use), cap
     assert [c.patch for c in plugin.CAPABILITIES if c.use] == ["0002", "0004"]
+
+
+def test_the_ledger_covers_every_hook_and_counts_the_ported_retirements():
+    from pathlib import Path
+
+    ledger = (Path(__file__).resolve().parents[2] / "patches" / "LEDGER.md").read_text()
+    rows = [line for line in ledger.splitlines() if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
+    assert len(rows) == len(plugin.HOOKS)
+    for h in plugin.HOOKS:
+        assert any(f"`{h.target.removeprefix('sglang.srt.')}`" in r for r in rows), h.target
+    retired = {t for c in plugin.CAPABILITIES for t in c.retires}
+    ported = [r for r in rows if ", ported" in r]
+    assert len(ported) == len(retired)
+    assert f"Registered: **{len(plugin.HOOKS)} on stock sglang, {len(plugin.HOOKS) - len(retired)} on patched" in ledger
