@@ -67,7 +67,7 @@ HOOKS: tuple[Hook, ...] = (
     Hook(f"{_SRT}.disaggregation.mooncake.conn.MooncakeKVManager.update_status",
          "idle:around_update_status", "AROUND"),  # wakes an idle scheduler; P's refusals (process_state.fanout)
     Hook(f"{_SRT}.managers.scheduler_components.internal_state.SchedulerInternalStateController"
-         ".get_internal_state", "prefill:after_get_internal_state", "AFTER"),
+         ".get_internal_state", "server_info:after_get_internal_state", "AFTER"),
     # The packed WAN path (--pdd-packed-wan): MD offers landing regions, P packs into them, MD unpacks
     Hook(f"{_SRT}.disaggregation.prefill.PrefillBootstrapQueue._init_kv_manager",
          "packed_wan:after_init_kv_manager", "AFTER"),
@@ -108,15 +108,24 @@ class Capability:
 
     `probe` ("module:Qualified.name") exists only in an sglang with the patch applied. Where it
     does, the plugin uses sglang's extension point and does not register the hooks in `retires`;
-    where it does not, those hooks serve it as on stock sglang. `load()` logs which path each
-    capability takes. Only capabilities the plugin fully serves through the extension point are
-    listed; the ledger's other retirements are still served by their hooks on both sglangs.
+    where it does not, those hooks serve it as on stock sglang. `use` ("module:function" under
+    sglang_pdd.hooks, next to the hooks it replaces; empty when sglang needs nothing from the
+    plugin) is called once by `load()` to hand the plugin's code to the extension point. `load()`
+    logs which path each capability takes. Only capabilities the plugin fully serves through the
+    extension point are listed; the ledger's other retirements are still served by their hooks.
     """
 
     name: str
     patch: str
     probe: str
     retires: tuple[str, ...]
+    use: str = ""
+
+    def resolve_use(self) -> Callable[[], None] | None:
+        if not self.use:
+            return None
+        module, _, fn = self.use.partition(":")
+        return getattr(__import__(f"sglang_pdd.hooks.{module}", fromlist=[fn]), fn)
 
 
 CAPABILITIES: tuple[Capability, ...] = (
@@ -124,6 +133,17 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability("input validation", "0001",
                f"{_SRT}.managers.tokenizer_manager:TokenizerManager._validate_input_token_ids",
                (f"{_SRT}.managers.tokenizer_manager.TokenizerManager._validate_one_request",)),
+    # P's fan-out: MD's room is a KV destination of sglang's multi-destination sender
+    Capability("KV destinations (fan-out)", "0002",
+               f"{_SRT}.disaggregation.prefill:set_kv_destinations_provider",
+               (f"{_SRT}.disaggregation.prefill.PrefillBootstrapQueue.create_sender",),
+               use="prefill:use_destinations_provider"),
+    # MD's landing offer travels as a named extension of its metadata message; P reads it back
+    Capability("transfer-metadata extensions", "0004",
+               f"{_SRT}.disaggregation.base.metadata_extensions:register_transfer_metadata_extension",
+               (f"{_SRT}.disaggregation.mooncake.conn.MooncakeKVManager.build_receiver_metadata_message",
+                f"{_SRT}.disaggregation.mooncake.conn.TransferInfo.from_zmq"),
+               use="packed_wan:use_metadata_extension"),
 )
 
 
@@ -144,6 +164,14 @@ def active_hooks(hooks: tuple[Hook, ...] = HOOKS, caps: tuple[Capability, ...] =
     """The hooks to register: all of them, less those retired by an extension point sglang has."""
     retired = {t for c in caps if has_capability(c) for t in c.retires}
     return tuple(h for h in hooks if h.target not in retired)
+
+
+def use_capabilities(caps: tuple[Capability, ...] = CAPABILITIES) -> None:
+    """Hand the plugin's code to every extension point sglang has (`Capability.use`)."""
+    for c in caps:
+        use = c.resolve_use() if has_capability(c) else None
+        if use is not None:
+            use()
 
 
 def _log_capabilities(caps: tuple[Capability, ...] = CAPABILITIES) -> None:
@@ -195,8 +223,11 @@ def load() -> None:
         raise PluginLoadError(msg)
     _log_capabilities()
     from sglang_pdd import thread_names  # ctypes and subprocess: not at plugin import
+    from sglang_pdd.process_state import capabilities
 
     thread_names.install()  # only with SGLANG_PDD_THREAD_NAMES=1 (the benchmark's servers)
+    use_capabilities()
+    capabilities.record(capability_paths())
     for h in active_hooks():
         HookRegistry.register(h.target, h.resolve_body(), HookType[h.kind])
     _loaded = True

@@ -134,3 +134,21 @@ def server_group(private_netns, log_dir):
 
     with ServerGroup(log_dir) as group:
         yield group
+
+
+@pytest.fixture(scope="session")
+def patched_sglang_root(tmp_path_factory):
+    """A copy of the installed sglang with patches/ applied (sglang_pdd.testing.patched_sglang), built once
+    per session for tests/unit/test_patches.py and tests/e2e/test_patched_sglang.py."""
+    import shutil
+
+    from sglang_pdd.testing import patched_sglang
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed (needed to apply patches/)")
+    if patched_sglang.installed_sglang() is None:
+        pytest.skip("sglang is not installed; run scripts/install-cpu.sh")
+    try:
+        return patched_sglang.build(tmp_path_factory.mktemp("sglang-patched"))
+    except patched_sglang.PatchError as e:
+        pytest.fail(str(e))

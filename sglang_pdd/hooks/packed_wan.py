@@ -7,6 +7,10 @@
     MD    around CommonKVReceiver.poll                                        unpack on the first Success
     MD    after  CommonKVReceiver.clear / abort                               free or quarantine the region
 
+On sglang with patch 0004 the two metadata hooks are not registered (plugin.CAPABILITIES): MD's
+offer is the `sglang-pdd.landing` transfer-metadata extension (`use_metadata_extension`) and P reads
+it from `TransferInfo.extensions` (packed_sender.offer_of).
+
 Inert unless the role is prefill (sender) or main (receiver) and the mode is not 'off'. The logic is in
 sglang_pdd.transfer.packed_sender / packed_receiver; the process's sender and receiver live in
 sglang_pdd.process_state.packed_wan.
@@ -19,7 +23,7 @@ import logging
 from sglang_pdd.process_state.packed_wan import cfg, receiver, receiving, sending
 from sglang_pdd.transfer import kv_pool_view
 from sglang_pdd.transfer.packed_receiver import FAILED, SUCCESS
-from sglang_pdd.transfer.packed_sender import METADATA_FRAMES, read_offer
+from sglang_pdd.transfer.packed_sender import LANDING_EXTENSION, METADATA_FRAMES, read_offer
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +45,24 @@ def around_build_receiver_metadata_message(original, manager, *a, **kw):
         logger.exception("room %s: no landing offer", kw.get("bootstrap_room"))
         return msg
     return msg if frame is None else [*msg, frame]
+
+
+class LandingExtension:
+    """MD's landing offer as sglang's transfer-metadata extension (patch 0004); None: page by page."""
+
+    name = LANDING_EXTENSION
+
+    def build(self, kv_mgr, *, bootstrap_room, kv_indices, aux_index):
+        return receiver().offer(kv_mgr, bootstrap_room, kv_indices) if receiving() else None
+
+
+def use_metadata_extension() -> None:
+    from sglang.srt.disaggregation.base.metadata_extensions import register_transfer_metadata_extension
+
+    register_transfer_metadata_extension(_EXTENSION)
+
+
+_EXTENSION = LandingExtension()
 
 
 def after_transfer_info_from_zmq(info, cls, msg, *a, **kw):

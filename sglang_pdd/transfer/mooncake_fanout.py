@@ -5,7 +5,8 @@ built the request's sender (the relay's, room R): when the request carries
 `custom_params.pdd.main_room` (R2) it builds a second sender of the same class on the same KV manager
 and bootstrap server for R2, and puts a `FanoutSender` over both in `req.disagg_kv_sender`.
 `FanoutBuilder.main_room(req)` runs before it and turns a malformed `pdd` parameter into a clear error
-for that request.
+for that request. On sglang with patch 0002, `FanoutBuilder.destinations(req, main_room)` gives
+sglang's KV destinations provider MD's room instead, and sglang builds the senders.
 
 The adapters the plain fan-out logic needs live here too: `MooncakeRooms` (the manager's per-room
 state) and `MetadataRows` (P's metadata slots, and the copy of a row that names the main's room).
@@ -146,6 +147,17 @@ class FanoutBuilder:
         if r.is_main(main_room) or r.is_relay(main_room) or r.refuses(main_room) or main_room in rooms_in_flight:
             raise FanoutParamsError(f"custom_params.pdd.main_room {main_room} is a room this prefill already "
                                     "serves or refused")
+
+    def destinations(self, req: Any, main_room: int) -> list:
+        """MD's room as sglang's `KVDestination` (patch 0002); the registry closes it on release."""
+        from sglang.srt.disaggregation.common.multi_destination import KVDestination
+
+        if self.switches.knobs().main_extra_skip_pages:
+            logger.warning("main_extra_skip_pages is a knob of the hooked fan-out; sglang's sender ignores it")
+        self.registry.open(req.bootstrap_room, main_room)
+        logger.debug("fanout room %s: main room %s", req.bootstrap_room, main_room)
+        return [KVDestination(main_room, self.main_bootstrap_timeout,
+                              on_release=lambda _status: self.registry.close(main_room))]
 
     def attach(self, queue: Any, req: Any, main_room: int) -> FanoutSender | None:
         """Wrap the relay sender sglang just built; None when this request cannot fan out."""

@@ -35,22 +35,41 @@ METADATA_FRAMES = 10  # frames of sglang's TransferInfo message; a landing frame
 HEADER = 64  # staging bytes before the block: its table entry, padded
 
 
+LANDING_EXTENSION = "sglang-pdd.landing"  # the offer's name as a transfer-metadata extension (patch 0004)
+_UNREAD = object()
+
+
 def read_offer(info: Any, msg: list) -> None:
     """Attach the landing offer of a TransferInfo message (frame 10), if it carries a usable one."""
     if len(msg) <= METADATA_FRAMES or getattr(info, "is_dummy", False):
         return
+    offer = _checked_offer(info, bytes(msg[METADATA_FRAMES]))
+    if offer is not None:
+        setattr(info, OFFER_ATTR, offer)
+
+
+def offer_of(info: Any) -> LandingOffer | None:
+    """The TransferInfo's landing offer: the one `read_offer` attached (stock sglang), else the one
+    in its `extensions` (sglang with patch 0004), decoded once."""
+    offer = getattr(info, OFFER_ATTR, _UNREAD)
+    if offer is _UNREAD:
+        frame = (getattr(info, "extensions", None) or {}).get(LANDING_EXTENSION)
+        offer = None if frame is None or getattr(info, "is_dummy", False) else _checked_offer(info, frame)
+        setattr(info, OFFER_ATTR, offer)
+    return offer
+
+
+def _checked_offer(info: Any, frame: bytes) -> LandingOffer | None:
     try:
-        offer = decode_offer(bytes(msg[METADATA_FRAMES]))
+        offer = decode_offer(bytes(frame))
     except LandingError as e:
         logger.warning("room %s: landing offer ignored (page-by-page transfer): %s", info.room, e)
-        return
-    if offer is None:
-        return
-    if offer.num_pages != len(info.dst_kv_indices):
+        return None
+    if offer is not None and offer.num_pages != len(info.dst_kv_indices):
         logger.warning("room %s: landing offer for %d pages, the message names %d: ignored", info.room,
                        offer.num_pages, len(info.dst_kv_indices))
-        return
-    setattr(info, OFFER_ATTR, offer)
+        return None
+    return offer
 
 
 class PackedSender:
@@ -111,7 +130,7 @@ class PackedSender:
         first, n, hits = int(dst[0]), len(dst), []
         for _room, infos in rooms:
             info = infos.get(session_id) if isinstance(infos, dict) else None
-            offer = getattr(info, OFFER_ATTR, None)
+            offer = None if info is None else offer_of(info)
             if offer is None:
                 continue
             index = getattr(info, _INDEX_ATTR, None)

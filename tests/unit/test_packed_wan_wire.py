@@ -26,7 +26,7 @@ from sglang_pdd.protocol.landing import (
     encode_offer,
 )
 from sglang_pdd.transfer.landing_arena import LandingArena
-from sglang_pdd.transfer.packed_sender import METADATA_FRAMES, OFFER_ATTR, read_offer
+from sglang_pdd.transfer.packed_sender import LANDING_EXTENSION, METADATA_FRAMES, OFFER_ATTR, offer_of, read_offer
 
 
 def offer(**kw) -> LandingOffer:
@@ -179,6 +179,42 @@ def test_read_offer_ignores_dummy_infos():
     i = info(is_dummy=True)
     read_offer(i, msg(encode_offer(offer())))
     assert not hasattr(i, OFFER_ATTR)
+
+
+# -- offer_of: the offer from read_offer (stock sglang) or from TransferInfo.extensions (patch 0004) --------
+
+
+def test_offer_of_reads_the_landing_extension_once():
+    i = info()
+    i.extensions = {LANDING_EXTENSION: encode_offer(offer()), "other.thing": b"x"}
+    assert offer_of(i) == offer()
+    i.extensions = {}  # decoded once: later calls do not read the extensions again
+    assert offer_of(i) == offer()
+
+
+def test_offer_of_prefers_the_offer_read_from_the_message():
+    i = info()
+    read_offer(i, msg(encode_offer(offer())))
+    i.extensions = {LANDING_EXTENSION: b"garbage"}
+    assert offer_of(i) == offer()
+
+
+@pytest.mark.parametrize("extensions", [
+    None, {}, {"other.thing": encode_offer(offer())}, {LANDING_EXTENSION: b"some other frame"},
+    {LANDING_EXTENSION: raw_frame(offer_fields(v=LANDING_VERSION + 1))},
+    {LANDING_EXTENSION: encode_offer(offer(num_pages=5))},
+], ids=["stock", "none", "foreign-name", "foreign", "version", "num-pages"])
+def test_offer_of_ignores_what_it_cannot_use(extensions):
+    i = info()
+    if extensions is not None:
+        i.extensions = extensions
+    assert offer_of(i) is None
+
+
+def test_offer_of_ignores_dummy_infos():
+    i = info(is_dummy=True)
+    i.extensions = {LANDING_EXTENSION: encode_offer(offer())}
+    assert offer_of(i) is None
 
 
 # -- landing arena ------------------------------------------------------------------------------------------

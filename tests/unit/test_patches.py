@@ -1,67 +1,44 @@
 """patches/ applies to the installed sglang, compiles, and its own unit tests pass on the patched copy.
 
-The series is in sglang's repository layout (`python/sglang/...`, `test/registered/...`). The
-test rebuilds that layout in a temporary directory from a copy of the installed package
-(`<tmp>/python/sglang`), runs `git apply --check` and then `git apply` on every patch in order,
-byte-compiles every Python file the series touches, and runs the unit tests the series adds
+The series is in sglang's repository layout (`python/sglang/...`, `test/registered/...`).
+sglang_pdd.testing.patched_sglang rebuilds that layout in a temporary directory from a copy of the
+installed package (`<tmp>/python/sglang`) and runs `git apply --check`, then `git apply`, on every
+patch in order; the test byte-compiles every Python file the series touches, and runs the unit tests the series adds
 (CPU, no server) in one subprocess whose `PYTHONPATH` puts the patched copy first. The tests
 import modules that only the series creates, so they cannot pass against the unpatched install.
 The same subprocess checks the plugin's choice at load there: every capability of
-`plugin.CAPABILITIES` takes sglang's extension point, and the hooks they retire are not registered.
+`plugin.CAPABILITIES` takes sglang's extension point, and the hooks they retire are not registered;
+patched_plugin_check.py drives the plugin's code through those extension points on sglang's own
+classes.
 """
 
 from __future__ import annotations
 
-import os
 import py_compile
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-PATCHES = sorted((REPO / "patches").glob("[0-9][0-9][0-9][0-9]-*.patch"))
-DIFF_PATH = re.compile(r"^\+\+\+ b/(\S+)$", re.M)
+from sglang_pdd.testing import patched_sglang
+from sglang_pdd.testing.patched_sglang import touched as _touched
 
-
-def _installed_sglang() -> Path:
-    try:
-        import importlib.util
-
-        spec = importlib.util.find_spec("sglang")
-    except Exception:  # pragma: no cover - depends on the environment
-        spec = None
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("sglang is not installed; run scripts/install-cpu.sh")
-    return Path(list(spec.submodule_search_locations)[0])
-
-
-def _touched(patch: Path) -> list[str]:
-    return DIFF_PATH.findall(patch.read_text())
-
-
-def _git_apply(root: Path, patch: Path, *flags: str) -> subprocess.CompletedProcess:
-    # --unsafe-paths is not needed: paths are relative to `root`, the cwd. No index: not a repo.
-    return subprocess.run(["git", "apply", "-p1", *flags, str(patch)], cwd=root,
-                          capture_output=True, text=True)
+REPO = patched_sglang.REPO
+PATCHES = patched_sglang.patches()
+PLUGIN_CHECK = Path(__file__).with_name("patched_plugin_check.py")
 
 
 @pytest.fixture(scope="module")
-def patched_tree(tmp_path_factory) -> Path:
-    if shutil.which("git") is None:
-        pytest.skip("git is not installed (needed to apply patches/)")
-    src = _installed_sglang()
-    root = tmp_path_factory.mktemp("sglang-patched")
-    shutil.copytree(src, root / "python" / "sglang", ignore=shutil.ignore_patterns("__pycache__"))
-    for patch in PATCHES:
-        check = _git_apply(root, patch, "--check")
-        assert check.returncode == 0, f"{patch.name} does not apply to the installed sglang:\n{check.stderr}"
-        done = _git_apply(root, patch)
-        assert done.returncode == 0, f"{patch.name}: git apply failed:\n{done.stderr}"
-    return root
+def patched_tree(patched_sglang_root) -> Path:
+    return patched_sglang_root
+
+
+def _run_patched(patched_tree: Path, *argv: str) -> subprocess.CompletedProcess:
+    env = {**patched_sglang.environ(patched_tree), "PYTHONDONTWRITEBYTECODE": "1"}
+    return subprocess.run([sys.executable, *argv], cwd=patched_tree, env=env, capture_output=True, text=True,
+                          timeout=300)
 
 
 def test_the_series_is_numbered_and_each_patch_has_a_pr_message():
@@ -76,6 +53,8 @@ def test_the_series_is_numbered_and_each_patch_has_a_pr_message():
         touched = _touched(patch)
         assert any(p.startswith("python/sglang/") for p in touched), patch.name
         assert any(p.startswith("test/registered/") for p in touched), f"{patch.name} adds no test"
+        assert "GIT binary patch" not in text and not any("__pycache__" in p for p in touched), \
+            f"{patch.name} carries compiled files"
 
 
 def test_the_series_applies_and_the_patched_files_compile(patched_tree):
@@ -90,9 +69,6 @@ def test_the_patches_own_unit_tests_pass_on_the_patched_copy(patched_tree):
     tests = sorted({rel for p in PATCHES for rel in _touched(p)
                     if rel.startswith("test/registered/") and Path(rel).name.startswith("test_")})
     assert tests
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(patched_tree / "python"), str(REPO),
-                                                        os.environ.get("PYTHONPATH", "")]),
-           "PYTHONDONTWRITEBYTECODE": "1"}
     code = ("import sys, unittest, runpy, pathlib\n"
             "import sglang\n"
             f"assert sglang.__file__.startswith({str(patched_tree)!r}), sglang.__file__\n"
@@ -109,9 +85,15 @@ def test_the_patches_own_unit_tests_pass_on_the_patched_copy(patched_tree):
             "ok = all(caps.values()) and len(plugin.active_hooks()) == len(plugin.HOOKS) - len(retired)\n"
             "print(f'CAPABILITIES {caps} ACTIVE {len(plugin.active_hooks())}/{len(plugin.HOOKS)}')\n"
             "sys.exit(0 if res.wasSuccessful() and not res.skipped and ok else 1)\n")
-    proc = subprocess.run([sys.executable, "-c", code, *[str(patched_tree / t) for t in tests]],
-                          cwd=patched_tree, env=env, capture_output=True, text=True, timeout=300)
+    proc = _run_patched(patched_tree, "-c", code, *[str(patched_tree / t) for t in tests])
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     ran = int(re.search(r"RAN (\d+)", out).group(1))
     assert ran >= 40, out[-3000:]
+
+
+def test_the_plugin_serves_the_extension_points_on_the_patched_copy(patched_tree):
+    proc = _run_patched(patched_tree, str(PLUGIN_CHECK))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert "PLUGIN CHECKS OK" in out, out[-3000:]

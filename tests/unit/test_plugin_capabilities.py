@@ -41,3 +41,43 @@ def test_an_extension_point_that_exists_retires_its_hooks(caplog):
         plugin._log_capabilities((present, absent))
     assert f"thing: sglang's extension point (patch 0009); hook not registered: {target}" in caplog.text
     assert "other: hook (stock sglang, patch 0010 not applied)" in caplog.text
+
+
+def test_load_records_the_choice_and_a_pdd_server_reports_it(monkeypatch):
+    from types import SimpleNamespace
+
+    from sglang_pdd.hooks import server_info
+    from sglang_pdd.process_state import capabilities
+
+    capabilities.record(plugin.capability_paths())
+    assert capabilities.CHOSEN == {c.name: False for c in plugin.CAPABILITIES}
+    monkeypatch.setattr(server_info, "_active", lambda: True)
+    result = SimpleNamespace(internal_state={"x": 1})
+    controller = SimpleNamespace(scheduler=None)  # not a prefill: P's pool state is not added
+    assert server_info.after_get_internal_state(result, controller) is result
+    assert result.internal_state == {"x": 1, capabilities.KEY: capabilities.CHOSEN}
+    monkeypatch.setattr(server_info, "_active", lambda: False)  # a server without --pdd-role
+    result = SimpleNamespace(internal_state={})
+    server_info.after_get_internal_state(result, controller)
+    assert result.internal_state == {}
+
+
+def test_every_capability_hands_the_plugin_a_callable_or_needs_none():
+    for cap in plugin.CAPABILITIES:
+        use = cap.resolve_use()
+        assert use is None or callable(use), cap
+    assert [c.patch for c in plugin.CAPABILITIES if c.use] == ["0002", "0004"]
+
+
+def test_the_ledger_covers_every_hook_and_counts_the_ported_retirements():
+    from pathlib import Path
+
+    ledger = (Path(__file__).resolve().parents[2] / "patches" / "LEDGER.md").read_text()
+    rows = [line for line in ledger.splitlines() if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
+    assert len(rows) == len(plugin.HOOKS)
+    for h in plugin.HOOKS:
+        assert any(f"`{h.target.removeprefix('sglang.srt.')}`" in r for r in rows), h.target
+    retired = {t for c in plugin.CAPABILITIES for t in c.retires}
+    ported = [r for r in rows if ", ported" in r]
+    assert len(ported) == len(retired)
+    assert f"Registered: **{len(plugin.HOOKS)} on stock sglang, {len(plugin.HOOKS) - len(retired)} on patched" in ledger

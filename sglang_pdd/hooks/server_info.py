@@ -1,0 +1,27 @@
+"""`/get_server_info` of a PDD server (`internal_states[i]`): which path the plugin took per capability
+of patches/ (every role, process_state.capabilities) and P's pool state for leak checks
+(transfer.pool_state). Inert on a server without `--pdd-role`."""
+
+from __future__ import annotations
+
+import functools
+
+from sglang_pdd.config import PddConfig
+from sglang_pdd.process_state import capabilities, fanout
+from sglang_pdd.transfer import pool_state
+
+
+@functools.lru_cache(maxsize=1)
+def _active() -> bool:
+    return PddConfig.from_env().active
+
+
+def after_get_internal_state(result, controller, *args, **kwargs):
+    state = getattr(result, "internal_state", None)
+    if not isinstance(state, dict):
+        return result
+    if _active():
+        state[capabilities.KEY] = dict(capabilities.CHOSEN)
+    if fanout.builder() is not None:
+        state[pool_state.KEY] = pool_state.prefill_pool_state(controller.scheduler)
+    return result
