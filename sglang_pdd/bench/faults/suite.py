@@ -1,0 +1,131 @@
+"""Runs scenarios on one deployment: for each, a healthy idle start, the traffic, the fault, the
+recovery (the WAN healed, killed servers started again), the leak check, one follow-up request, then
+every request classified against the single server's tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from sglang_pdd.bench.faults import inject
+from sglang_pdd.bench.faults.deployment import FaultDeployment
+from sglang_pdd.bench.faults.outcome import RequestRecord, classify, matches
+from sglang_pdd.bench.faults.report import ScenarioReport
+from sglang_pdd.bench.faults.scenarios import Scenario, TriggerMissed
+from sglang_pdd.bench.faults.traffic import Traffic, TrafficSpec, request
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Options:
+    concurrency: int = 4
+    turns: int = 3
+    long_cut_s: float = 90.0
+    idle_s: float = 600.0
+    leak_wait_s: float = 60.0
+    deadline_s: float = 300.0  # the client's deadline per request
+
+
+@dataclass
+class Context:
+    dep: FaultDeployment
+    tb: object
+    traffic: Traffic
+    opts: Options
+    idle_note: str = ""
+
+
+def before_traffic(scenario: Scenario, dep: FaultDeployment, opts: Options) -> str:
+    if scenario.name != "idle-then-traffic":
+        return ""
+    time.sleep(opts.idle_s)  # the fault is the idle itself
+    return f"{opts.idle_s:g}s idle, then {inject.flush_conntrack(dep.tb)}, then traffic"
+
+
+def recover(dep: FaultDeployment) -> None:
+    """The WAN healed, the knobs off, every killed server started again (waits on /health)."""
+    inject.heal_wan(dep.tb)
+    for role in dep.knob_files:
+        dep.set_knobs(role)
+    for name, s in list(dep.servers.items()):
+        if not s.alive():
+            dep.restart(name)
+    dep.healthy(240.0)
+
+
+def run_scenario(scenario: Scenario, dep: FaultDeployment, prompts, opts: Options, seed: int) -> ScenarioReport:
+    rep = ScenarioReport(scenario.name, scenario.absorbable)
+    recover(dep)
+    left = dep.leaks(opts.leak_wait_s)
+    if left:  # the last scenario's leak is not this one's
+        logger.warning("%s starts with %s", scenario.name, left)
+    for role, knobs in scenario.knobs.items():
+        dep.set_knobs(role, **knobs)
+    a = dep.tb.ns("A")
+    spec = scenario.spec(TrafficSpec(conversations=opts.concurrency, turns=opts.turns, deadline_s=opts.deadline_s,
+                                     seed=seed))
+    idle_note = before_traffic(scenario, dep, opts)
+    router = dep.servers["router"]
+    before = dep.migrations()
+    traffic = Traffic(router.url, spec, prompts, a).start()
+    ctx = Context(dep, dep.tb, traffic, opts, idle_note)
+    restarted_router = scenario.name.startswith("router-")
+    try:
+        rep.injected = scenario.inject(ctx)
+    except TriggerMissed as e:
+        rep.harness_error = str(e)
+    finally:
+        inject.heal_wan(dep.tb)
+    traffic.join(spec.deadline_s * spec.turns + 60)
+    rep.leaked = dep.leaks(opts.leak_wait_s)  # on the servers that survived
+    after = dep.migrations() if dep.servers["router"].alive() else {}
+    rep.migrations = {k: v - (0 if restarted_router else before.get(k, 0)) for k, v in after.items()
+                      if v - (0 if restarted_router else before.get(k, 0))}
+    for role in dep.knob_files:
+        dep.set_knobs(role)
+    recover(dep)
+    follow = RequestRecord(-1, 0, prompts.ids(spec.first_prompt, seed=seed * 1000 + 999), spec.max_new_tokens)
+    a.call(request, dep.servers["router"].url, follow, spec.deadline_s)
+    records = traffic.records + [follow]
+    classify_all(rep, records, dep)
+    logger.info("%s: %s", scenario.name, rep.counts)
+    return rep
+
+
+def classify_all(rep: ScenarioReport, records: list[RequestRecord], dep: FaultDeployment) -> None:
+    from sglang_pdd.testing import identity
+
+    ref_url = dep.servers["reference"].url
+    migrated, others = [], []
+    for r in records:
+        same = None
+        if r.completed and not r.went_back:
+            ref = dep.call("reference", identity.reference, ref_url, r.input_ids, r.max_new_tokens)
+            same = matches(ref, r.output_ids)
+            if not same:
+                i = identity.first_divergence(ref.tokens, r.output_ids)
+                rep.wrong.append(f"conv {r.conv} turn {r.turn}: diverges at step {i} "
+                                 f"(migrations {r.migrations}, md {r.md}, handoff {r.handoff_k})")
+        cls = classify(r, same)
+        rep.add(cls)
+        if cls == "failed" and r.error not in rep.errors:
+            rep.errors.append(r.error)
+        (migrated if cls == "migrated" else others if cls == "identical" else []).append(r)
+    rep.timing(migrated, others)
+
+
+def run_suite(scenarios: list[Scenario], dep: FaultDeployment, prompts, opts: Options) -> list[ScenarioReport]:
+    reports = []
+    for i, s in enumerate(scenarios):
+        logger.info("scenario %s", s.name)
+        try:
+            reports.append(run_scenario(s, dep, prompts, opts, seed=i + 1))
+        except Exception as e:  # one scenario's harness failure must not lose the others
+            logger.exception("scenario %s failed to run", s.name)
+            rep = ScenarioReport(s.name, s.absorbable)
+            rep.harness_error = f"{type(e).__name__}: {e}"
+            reports.append(rep)
+    return reports
