@@ -100,13 +100,15 @@ def test_json_is_versioned():
     assert out["version"] == report.VERSION and out["scenarios"][0]["ok"] and out["runtime_s"] == 1.0
 
 
-def test_scenarios_in_the_issue_order_and_parse_keeps_it():
+def test_scenarios_in_the_issue_order_and_parse_keeps_the_given_one():
     names = [s.name for s in SCENARIOS]
     assert names[:3] == ["md-kill-after-handoff", "md-kill-before-handoff", "rld-kill-mid-stream"]
     assert names[-1] == "idle-then-traffic" and len(set(names)) == len(names) == 12
-    assert [s.name for s in parse("wan-cut-5s,md-kill-after-handoff")] == ["md-kill-after-handoff", "wan-cut-5s"]
+    assert [s.name for s in parse("wan-cut-5s,md-kill-after-handoff")] == ["wan-cut-5s", "md-kill-after-handoff"]
     assert parse("all") == SCENARIOS
     with pytest.raises(ValueError):
         parse("wan-cut-5s,nope")
+    with pytest.raises(ValueError):
+        parse("wan-cut-5s,wan-cut-5s")
     assert [s.name for s in SCENARIOS if not s.absorbable] == ["p-kill-mid-prefill", "router-restart-mid-stream",
                                                               "md-pool-exhausted"]

@@ -26,9 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--scenarios", default="all", help=f"comma list of: {', '.join(BY_NAME)}")
     ap.add_argument("--concurrency", type=int, default=4, help="concurrent conversations per scenario")
     ap.add_argument("--turns", type=int, default=3, help="turns per conversation")
-    ap.add_argument("--long-cut-s", type=float, default=90.0, help="wan-cut-long's cut")
-    ap.add_argument("--idle-s", type=float, default=600.0, help="idle-then-traffic's idle")
-    ap.add_argument("--quick", action="store_true", help="a smoke run: a 15 s long cut, a 20 s idle")
+    ap.add_argument("--long-cut-s", type=float, default=None, help="wan-cut-long's cut (default 90; --quick: 15)")
+    ap.add_argument("--idle-s", type=float, default=None, help="idle-then-traffic's idle (default 600; --quick: 20)")
+    ap.add_argument("--quick", action="store_true", help="a smoke run: a shorter long cut and idle")
     ap.add_argument("--delay-ms", type=float, default=10.0, help="the WAN's one-way delay")
     ap.add_argument("--rate-mbit", type=float, default=200.0, help="the WAN's rate per direction")
     ap.add_argument("--json", metavar="OUT", default=None, help="write the results as JSON")
@@ -40,9 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def options(args) -> Options:
-    if args.quick:
-        return Options(args.concurrency, args.turns, long_cut_s=15.0, idle_s=20.0)
-    return Options(args.concurrency, args.turns, long_cut_s=args.long_cut_s, idle_s=args.idle_s)
+    """The run's options; what --long-cut-s and --idle-s leave unset --quick shortens."""
+    cut, idle = (15.0, 20.0) if args.quick else (90.0, 600.0)
+    return Options(args.concurrency, args.turns, long_cut_s=cut if args.long_cut_s is None else args.long_cut_s,
+                   idle_s=idle if args.idle_s is None else args.idle_s)
 
 
 def run(scenarios, opts: Options, artifacts: str, prefix: str, delay_ms: float = 10.0, rate_mbit: float = 200.0):

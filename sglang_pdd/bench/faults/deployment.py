@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import secrets
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -97,7 +98,7 @@ class FaultDeployment:
         self.servers[name] = self.group.start(name, InNamespace(cfg, self.tb.ns(side)))
 
     def restart(self, name: str) -> None:
-        """Start a server that is not running again (same command line); waits until it is healthy."""
+        """Start a server that is not running again (same command line); waits on its /health."""
         s = self.servers[name]
         if s.alive():
             return
@@ -107,9 +108,15 @@ class FaultDeployment:
         logger.info("restarting %s", name)
         self.idle_rows.pop(name, None)
         self.servers[name] = self.group.start(name, InNamespace(cfg, self.tb.ns(side)))
-        self.healthy(240.0)
+        self.call(name, self.servers[name].wait_ready, 240.0)
 
     def stop(self) -> None:
+        """Every server at once (each its SIGTERM grace), then the group's bookkeeping."""
+        threads = [threading.Thread(target=s.stop) for s in self.group.servers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
         self.group.stop()
 
     def side(self, name: str) -> str:
@@ -120,12 +127,14 @@ class FaultDeployment:
         return self.tb.ns(self.side(name)).call(fn, *args)
 
     # -- state ------------------------------------------------------------------------------------
-    def healthy(self, timeout_s: float) -> None:
-        """Wait until every server answers /health (and record the idle request rows of new ones)."""
+    def healthy(self, timeout_s: float, router: bool = True) -> None:
+        """Wait until every live server answers /health (the router's is 200 once every role has a
+        peer in service; `router=False`: not waited on) and record the idle request rows of new ones."""
         for name, s in self.servers.items():
-            self.call(name, s.wait_ready, timeout_s)
-        for name in self.servers:
-            if ROLE_OF.get(name) in ("relay", "main") and name not in self.idle_rows:
+            if s.alive() and (router or name != "router"):
+                self.call(name, s.wait_ready, timeout_s)
+        for name, s in self.servers.items():
+            if ROLE_OF.get(name) in ("relay", "main") and s.alive() and name not in self.idle_rows:
                 self.idle_rows[name] = self._rows_free(name, timeout_s)
 
     def _rows_free(self, name: str, timeout_s: float) -> float:

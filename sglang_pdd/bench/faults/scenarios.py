@@ -31,6 +31,7 @@ class Scenario:
     traffic: dict = field(default_factory=dict)  # TrafficSpec fields changed for this scenario
     knobs: dict = field(default_factory=dict)  # role -> test knobs for the scenario
     expected: str = ""
+    restart_before_followup: bool = False  # the follow-up request needs the killed server back
 
     def spec(self, base: TrafficSpec) -> TrafficSpec:
         return dataclasses.replace(base, **self.traffic)
@@ -162,6 +163,7 @@ SCENARIOS = [
     Scenario("wan-flap", wan_flap, expected="token-identical (some after migration)"),
     Scenario("md-restart", md_restart, expected="requests on the restarted MD migrate: token-identical"),
     Scenario("p-kill-mid-prefill", p_kill_mid_prefill, absorbable=False, traffic={"first_prompt": 2000, "turns": 2},
+             restart_before_followup=True,
              expected="the only P: a clear error in bounded time"),
     Scenario("router-restart-mid-stream", router_restart, absorbable=False,
              expected="the clients' connections die (clear error); the restarted router serves"),
@@ -177,11 +179,13 @@ BY_NAME = {s.name: s for s in SCENARIOS}
 
 
 def parse(spec: str | None) -> list[Scenario]:
-    """'a,b' -> those scenarios in the suite's order; None or 'all': every one."""
+    """'a,b' -> those scenarios in that order; None or 'all': every one, in the suite's order."""
     if not spec or spec == "all":
         return list(SCENARIOS)
     names = [n.strip() for n in spec.split(",") if n.strip()]
     unknown = [n for n in names if n not in BY_NAME]
     if unknown:
         raise ValueError(f"unknown scenarios {unknown}; known: {', '.join(BY_NAME)}")
-    return [s for s in SCENARIOS if s.name in names]
+    if len(set(names)) != len(names):
+        raise ValueError(f"a scenario is listed twice: {spec!r}")
+    return [BY_NAME[n] for n in names]

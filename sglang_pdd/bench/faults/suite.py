@@ -45,15 +45,16 @@ def before_traffic(scenario: Scenario, dep: FaultDeployment, opts: Options) -> s
     return f"{opts.idle_s:g}s idle, then {inject.flush_conntrack(dep.tb)}, then traffic"
 
 
-def recover(dep: FaultDeployment) -> None:
-    """The WAN healed, the knobs off, every killed server started again (waits on /health)."""
+def recover(dep: FaultDeployment, restart: bool = True) -> None:
+    """The WAN healed, the knobs off and (`restart`) every killed server started again; waits on
+    /health of every live server."""
     inject.heal_wan(dep.tb)
     for role in dep.knob_files:
         dep.set_knobs(role)
     for name, s in list(dep.servers.items()):
-        if not s.alive():
+        if restart and not s.alive():
             dep.restart(name)
-    dep.healthy(240.0)
+    dep.healthy(240.0, router=restart)
 
 
 def run_scenario(scenario: Scenario, dep: FaultDeployment, prompts, opts: Options, seed: int) -> ScenarioReport:
@@ -84,9 +85,8 @@ def run_scenario(scenario: Scenario, dep: FaultDeployment, prompts, opts: Option
     after = dep.migrations() if dep.servers["router"].alive() else {}
     rep.migrations = {k: v - (0 if restarted_router else before.get(k, 0)) for k, v in after.items()
                       if v - (0 if restarted_router else before.get(k, 0))}
-    for role in dep.knob_files:
-        dep.set_knobs(role)
-    recover(dep)
+    # the survivors serve the follow-up; a killed server comes back before the next scenario
+    recover(dep, restart=scenario.restart_before_followup)
     follow = RequestRecord(-1, 0, prompts.ids(spec.first_prompt, seed=seed * 1000 + 999), spec.max_new_tokens)
     a.call(request, dep.servers["router"].url, follow, spec.deadline_s)
     records = traffic.records + [follow]
