@@ -4,14 +4,12 @@ handoff, and the WAN cut for 5 s while MD's KV is on it. No request may hang or 
 wrong, nothing may leak, and every request completes token-identical (a surviving server can absorb
 both faults). The negative control of the classifier is in tests/unit/test_faults_report.py."""
 
-import os
 
 import pytest
 
-from sglang_pdd.bench.faults.__main__ import run
+from sglang_pdd.bench.faults.suite import Options, run
 from sglang_pdd.bench.faults.report import details, table
 from sglang_pdd.bench.faults.scenarios import parse
-from sglang_pdd.bench.faults.suite import Options
 from sglang_pdd.testbed.pytest_plugin import unique_prefix, why_no_testbed
 
 pytestmark = pytest.mark.e2e

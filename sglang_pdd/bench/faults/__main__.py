@@ -12,13 +12,11 @@ import json
 import logging
 import os
 import sys
-import time
 
 from sglang_pdd.bench.faults import report
 from sglang_pdd.bench.faults.scenarios import BY_NAME, parse
-from sglang_pdd.bench.faults.suite import Options, run_suite
+from sglang_pdd.bench.faults.suite import Options, run
 
-logger = logging.getLogger(__name__)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,29 +42,6 @@ def options(args) -> Options:
     cut, idle = (15.0, 20.0) if args.quick else (90.0, 600.0)
     return Options(args.concurrency, args.turns, long_cut_s=cut if args.long_cut_s is None else args.long_cut_s,
                    idle_s=idle if args.idle_s is None else args.idle_s)
-
-
-def run(scenarios, opts: Options, artifacts: str, prefix: str, delay_ms: float = 10.0, rate_mbit: float = 200.0):
-    """The testbed and the deployment up, the scenarios run, everything down; (reports, run info)."""
-    from sglang_pdd.bench.faults.deployment import FaultDeployment
-    from sglang_pdd.testbed import Testbed
-    from sglang_pdd.testing.prompts import PromptMaker
-    from sglang_pdd.testing.tiny_model import build_cached
-
-    model = build_cached(os.path.join(artifacts, "models"))
-    log_dir = os.path.join(artifacts, "logs", "faults-" + time.strftime("%Y%m%d-%H%M%S"))
-    t0 = time.monotonic()
-    with Testbed(prefix, delay_ms=delay_ms, rate_mbit=rate_mbit) as tb:
-        dep = FaultDeployment(tb, model, log_dir, main_tokens=8192)
-        try:
-            dep.start()
-            logger.info("deployment up in %.0fs (logs %s)", time.monotonic() - t0, log_dir)
-            reports = run_suite(scenarios, dep, PromptMaker(model), opts)
-        finally:
-            dep.stop()
-    info = {"options": vars(opts), "wan": {"delay_ms": delay_ms, "rate_mbit": rate_mbit}, "log_dir": log_dir,
-            "runtime_s": round(time.monotonic() - t0, 1)}
-    return reports, info
 
 
 def main(argv: list[str] | None = None) -> int:

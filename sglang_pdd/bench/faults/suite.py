@@ -6,6 +6,7 @@ every request classified against the single server's tokens.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 
@@ -129,3 +130,26 @@ def run_suite(scenarios: list[Scenario], dep: FaultDeployment, prompts, opts: Op
             rep.harness_error = f"{type(e).__name__}: {e}"
             reports.append(rep)
     return reports
+
+
+def run(scenarios, opts: Options, artifacts: str, prefix: str, delay_ms: float = 10.0, rate_mbit: float = 200.0):
+    """The testbed and the deployment up, the scenarios run, everything down; (reports, run info)."""
+    from sglang_pdd.bench.faults.deployment import FaultDeployment
+    from sglang_pdd.testbed import Testbed
+    from sglang_pdd.testing.prompts import PromptMaker
+    from sglang_pdd.testing.tiny_model import build_cached
+
+    model = build_cached(os.path.join(artifacts, "models"))
+    log_dir = os.path.join(artifacts, "logs", "faults-" + time.strftime("%Y%m%d-%H%M%S"))
+    t0 = time.monotonic()
+    with Testbed(prefix, delay_ms=delay_ms, rate_mbit=rate_mbit) as tb:
+        dep = FaultDeployment(tb, model, log_dir, main_tokens=8192)
+        try:
+            dep.start()
+            logger.info("deployment up in %.0fs (logs %s)", time.monotonic() - t0, log_dir)
+            reports = run_suite(scenarios, dep, PromptMaker(model), opts)
+        finally:
+            dep.stop()
+    info = {"options": vars(opts), "wan": {"delay_ms": delay_ms, "rate_mbit": rate_mbit}, "log_dir": log_dir,
+            "runtime_s": round(time.monotonic() - t0, 1)}
+    return reports, info
