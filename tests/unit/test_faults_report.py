@@ -3,7 +3,7 @@
 import pytest
 
 from sglang_pdd.bench.faults import report
-from sglang_pdd.bench.faults.outcome import RequestRecord, classify, matches
+from sglang_pdd.bench.faults.outcome import RequestRecord, classify, end_of_stream, matches
 from sglang_pdd.bench.faults.report import ScenarioReport
 from sglang_pdd.bench.faults.scenarios import SCENARIOS, parse
 from sglang_pdd.testing.identity import Reference
@@ -27,6 +27,18 @@ def test_tokens_other_than_the_reference_are_silently_wrong_migrated_or_not():
 
 def test_a_stream_without_finish_or_error_is_silently_wrong_not_failed():
     assert classify(rec(finish_reason=None), None) == "wrong"
+
+
+def test_a_stream_cut_without_done_failed_visibly_and_one_with_done_but_no_finish_is_wrong():
+    cut = rec(finish_reason=None)
+    end_of_stream(cut, done=False)
+    assert "cut" in cut.error and classify(cut, None) == "failed"
+    claimed = rec(finish_reason=None)
+    end_of_stream(claimed, done=True)  # [DONE] without a finish: the router said it was complete
+    assert not claimed.error and classify(claimed, None) == "wrong"
+    finished = rec()
+    end_of_stream(finished, done=False)
+    assert not finished.error and classify(finished, True) == "identical"
 
 
 def test_a_stream_that_went_back_is_wrong_even_when_its_last_chunk_matches():
@@ -103,7 +115,7 @@ def test_json_is_versioned():
 def test_scenarios_in_the_issue_order_and_parse_keeps_the_given_one():
     names = [s.name for s in SCENARIOS]
     assert names[:3] == ["md-kill-after-handoff", "md-kill-before-handoff", "rld-kill-mid-stream"]
-    assert names[-1] == "idle-then-traffic" and len(set(names)) == len(names) == 12
+    assert names[-1] == "idle-then-traffic" and len(set(names)) == len(names) == 13
     assert [s.name for s in parse("wan-cut-5s,md-kill-after-handoff")] == ["wan-cut-5s", "md-kill-after-handoff"]
     assert parse("all") == SCENARIOS
     with pytest.raises(ValueError):

@@ -33,8 +33,8 @@ class Timeouts:
 
     handoff: float = 5.0
     kv: float = 60.0
-    prefill_idle: float = 60.0
-    relay_idle: float = 30.0
+    prefill_idle: float = 120.0
+    relay_idle: float = 120.0  # RLD's first chunk comes after P's prefill (10000 tokens on CPU: tens of s)
     main_idle: float = 40.0  # above the handoff timeout: MD's first chunk comes after the handoff
     request: float = 240.0
 

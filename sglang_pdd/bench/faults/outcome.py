@@ -3,8 +3,8 @@
 Classes (one per request): `identical` (completed, token-identical to the single server, never
 migrated), `migrated` (completed after a migration, token-identical), `failed` (a 4xx/5xx, an error
 chunk or a dead connection, with a message), `hung` (past the client's deadline), `wrong` (completed
-with tokens other than the reference's, a stream that went back, or one that ended without a finish
-reason or an error: silently wrong).
+with tokens other than the reference's, a stream that went back, or one that ended with `[DONE]` but
+no finish reason: silently wrong).
 """
 
 from __future__ import annotations
@@ -38,6 +38,13 @@ class RequestRecord:
     @property
     def completed(self) -> bool:
         return not self.hung and not self.error and self.finish_reason is not None
+
+
+def end_of_stream(rec: RequestRecord, done: bool) -> None:
+    """After the stream: one that ended with neither a finish reason nor SSE's `[DONE]` (nor an error)
+    was cut, which the client can see (a client library may hide the broken chunked encoding)."""
+    if not rec.error and not rec.hung and rec.finish_reason is None and not done:
+        rec.error = "connection: the stream ended with no finish reason and no [DONE] (cut)"
 
 
 def classify(rec: RequestRecord, identical: bool | None) -> str:

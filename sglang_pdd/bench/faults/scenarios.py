@@ -91,6 +91,20 @@ def wan_cut_long(ctx) -> str:
     return _cut(ctx, ctx.opts.long_cut_s, "WAN cut")
 
 
+def wan_cut_after_handoff(ctx) -> str:
+    """Past MD's idle deadline: the router must move the requests MD streams (the other MD is behind
+    the same cut)."""
+    r = _wait(ctx, _past_handoff, "a request 4 tokens past its handoff")
+    seconds = ctx.dep.timeouts.main_idle + 10
+    inject.cut_wan(ctx.tb)
+    try:
+        time.sleep(seconds)  # the fault's own length
+    finally:
+        inject.heal_wan(ctx.tb)
+    return (f"iptables DROP on both wan0 for {seconds:g}s (MD's idle deadline + 10 s) from token "
+            f"{len(r.output_ids)} of a request handed off at {r.handoff_k}")
+
+
 def wan_flap(ctx) -> str:
     _wait(ctx, _streaming(1), "a request's first token")
     n, down, up = 6, 1.5, 1.5
@@ -160,6 +174,9 @@ SCENARIOS = [
     Scenario("wan-cut-5s", wan_cut_short, expected="TCP rides it out; RLD streams meanwhile: token-identical"),
     Scenario("wan-cut-long", wan_cut_long,
              expected="MD's handoff times out, RLD decodes to the end; or the router migrates: token-identical"),
+    Scenario("wan-cut-after-handoff", wan_cut_after_handoff,
+             expected="the requests MD streams stall past the router's idle deadline and go on P->RLD: "
+                      "token-identical"),
     Scenario("wan-flap", wan_flap, expected="token-identical (some after migration)"),
     Scenario("md-restart", md_restart, expected="requests on the restarted MD migrate: token-identical"),
     Scenario("p-kill-mid-prefill", p_kill_mid_prefill, absorbable=False, traffic={"first_prompt": 2000, "turns": 2},

@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
-from sglang_pdd.bench.faults.outcome import RequestRecord
+from sglang_pdd.bench.faults.outcome import RequestRecord, end_of_stream
 
 
 @dataclass
@@ -104,10 +104,12 @@ def request(url: str, rec: RequestRecord, deadline_s: float, on_chunk=lambda: No
     req = urllib.request.Request(url.rstrip("/") + "/generate", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     t0 = last = time.monotonic()
+    done = False
     try:
         with urllib.request.urlopen(req, timeout=deadline_s) as r:
             for raw in r:
                 line = raw.decode().strip()
+                done = done or line == "data: [DONE]"
                 if not line.startswith("data:") or line == "data: [DONE]":
                     continue
                 chunk = json.loads(line[5:])
@@ -150,5 +152,6 @@ def request(url: str, rec: RequestRecord, deadline_s: float, on_chunk=lambda: No
         rec.error = f"connection: {type(e).__name__} {e}"
     except ValueError as e:
         rec.error = f"malformed stream: {e}"
+    end_of_stream(rec, done)
     rec.e2e_s = time.monotonic() - t0
     return rec
