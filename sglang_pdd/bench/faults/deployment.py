@@ -14,6 +14,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from sglang_pdd.bench.systems import InNamespace
 from sglang_pdd.config import ENV_TEST_KNOBS
 from sglang_pdd.metrics import parse_exposition
 from sglang_pdd.router.load_feed import load_of
@@ -92,8 +93,6 @@ class FaultDeployment:
         self.healthy(120.0)
 
     def _add(self, name: str, cfg, side: str) -> None:
-        from sglang_pdd.bench.systems import InNamespace
-
         self._configs[name] = (cfg, side)
         self.servers[name] = self.group.start(name, InNamespace(cfg, self.tb.ns(side)))
 
@@ -103,8 +102,6 @@ class FaultDeployment:
         if s.alive():
             return
         cfg, side = self._configs[name]
-        from sglang_pdd.bench.systems import InNamespace
-
         logger.info("restarting %s", name)
         self.idle_rows.pop(name, None)
         self.servers[name] = self.group.start(name, InNamespace(cfg, self.tb.ns(side)))
