@@ -172,6 +172,8 @@ class Dispatcher:
             md, outcome.main_choice = mc.peer, mc
             chosen, why = self.choose(input_ids, int(sampling_params.get("max_new_tokens") or 128), mc, outcome,
                                       mode=pipeline)
+            if chosen is not Pipeline.P_MD and _all_out(self.relay) and not _all_out(self.main):
+                chosen, why = Pipeline.P_MD, f"{why}; no relay in service"  # not a migration spent on a dead RLD
             outcome.pipeline, outcome.reason = chosen, why
             rld = self.placement.pick_relay(input_ids) if chosen is not Pipeline.P_MD else None
         except LookupError as e:  # a role with no server configured
@@ -201,8 +203,12 @@ class Dispatcher:
         if f.cause is not None and migration.resumed_request([], sampling_params, stitcher.ids) is None:
             return None  # the client has every token it asked for: nothing to migrate
 
+        # a stalled MD: its site's WAN may be down, so an MD there is no way out (RLD, next to P, is)
+        same_site = f.role == "main" and peer is not None and f.cause in migration.STALLS
+
         def in_service(pool: PeerPool) -> bool:  # a peer of the pool other than the failed one
-            return any(x is not peer and not x.health.out for x in pool.peers)
+            return any(x is not peer and not x.health.out and not (same_site and pool is self.main and x.site == peer.site)
+                       for x in pool.peers)
 
         d = migration.decide(f.role, f.cause, len(outcome.migrations), self.cfg.migration_limit,
                              sampling_params, len(stitcher.ids), main_ok=in_service(self.main),
@@ -361,6 +367,10 @@ class Dispatcher:
                 yield delta
             if reason is not None:
                 return
+
+
+def _all_out(pool: PeerPool) -> bool:
+    return bool(pool.peers) and len(pool.out()) == len(pool.peers)
 
 
 def _failure(e: Exception) -> RequestFailed:

@@ -10,6 +10,8 @@ from the next token (`continued_finish` keeps a length finish counting from the 
 Paths (pure choice, from which roles have a peer in service):
 
 * MD failed: P->MD on another MD; else P->RLD alone; else P->MD on the same MD (it may be back).
+  After a stall (no chunk within the idle deadline, or the request timeout) only an MD at another
+  site counts as another MD: the WAN to the stalled MD's site may be down, and RLD is next to P.
 * RLD failed (before its handoff): P->MD (MD held the request's KV: its radix cache makes the new
   transfer cheap); else P->RLD on another relay.
 * P failed: P->MD on another P (or P->RLD when no MD is in service).
@@ -26,6 +28,8 @@ from dataclasses import dataclass
 from sglang_pdd.policy.pipeline import Pipeline
 
 CAUSES = ("unreachable", "5xx", "abort", "broken", "timeout", "idle")
+# A role that went silent rather than failing: for MD, as likely the WAN to its site as MD itself.
+STALLS = ("idle", "timeout")
 CONSTRAINED = ("regex", "json_schema", "ebnf", "structural_tag")
 
 

@@ -66,6 +66,7 @@ class FakeRole:
     every: int = 1  # tokens per streamed chunk (sglang's stream_interval)
     incremental: bool = False  # stream deltas (sglang's --incremental-streaming-output), not cumulative
     behaviour: Callable[[web.Request, dict], Awaitable[web.StreamResponse]] | None = None
+    site: str = ""  # main: the router's site of this MD
     bodies: list[dict] = field(default_factory=list)
     aborts: list[str] = field(default_factory=list)
 
@@ -179,7 +180,8 @@ class FakeCluster:
         host = self.servers[1].host
         return (PeerPool("prefill", [Peer(self.url(0), bootstrap_port=1)]),
                 PeerPool("relay", [Peer(self.url(1), token_channel=f"tcp://{host}:1")]),
-                PeerPool("main", [Peer(self.url(2))] + ([Peer(self.url(3))] if self.main2 else [])))
+                PeerPool("main", [Peer(self.url(2), site=self.main.site)]
+                         + ([Peer(self.url(3), site=self.main2.site)] if self.main2 else [])))
 
 
 @contextlib.asynccontextmanager

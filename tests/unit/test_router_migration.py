@@ -264,16 +264,38 @@ def test_a_clients_error_is_never_migrated():
     assert not cl.main2.bodies
 
 
-def test_a_silent_md_migrates_after_its_idle_deadline():
+def test_a_silent_md_migrates_after_its_idle_deadline_to_an_md_at_another_site():
     async def go():
-        async with fu.FakeCluster(main2=fu.FakeRole("main")) as cl:
+        async with fu.FakeCluster(main2=fu.FakeRole("main", site="B2")) as cl:
             cl.main.behaviour, cl.main2.behaviour = model(fail_at=4, how="hang"), model()
             return await _post(cl, _body(8), idle_s=0.5), cl
 
     (status, text, metrics, _), cl = run(go())
     assert status == 200 and json.loads(text)["output_ids"] == reference(8)
     assert _migrations(metrics) == {("idle", "completed"): 1}
-    assert cl.main.aborts
+    assert cl.main.aborts and len(cl.main2.bodies) == 1 and not cl.relay.bodies
+
+
+@pytest.mark.parametrize("how", ["hang", "end"])
+def test_a_silent_md_with_only_md_at_its_site_left_goes_on_on_rld(how):
+    """A WAN cut looks like a silent MD, and the other MD at its site is behind the same cut: the rest
+    goes P->RLD (next to P). The negative control: an MD that died (its stream ended) goes on on the
+    other MD, as before."""
+    async def go():
+        async with fu.FakeCluster(main2=fu.FakeRole("main")) as cl:
+            cl.main.behaviour, cl.main2.behaviour = model(fail_at=4, how=how), model()
+            cl.relay.behaviour = model()
+            return await _post(cl, _body(8), idle_s=0.5), cl
+
+    (status, text, metrics, _), cl = run(go())
+    assert status == 200 and json.loads(text)["output_ids"] == reference(8)
+    if how == "hang":
+        assert _migrations(metrics) == {("idle", "completed"): 1}
+        assert len(cl.relay.bodies) == 1 and not cl.main2.bodies
+        assert cl.relay.bodies[0]["input_ids"] == PROMPT + reference(4)
+    else:
+        assert _migrations(metrics) == {("broken", "completed"): 1}
+        assert len(cl.main2.bodies) == 1 and not cl.relay.bodies
 
 
 def test_all_tokens_sent_before_the_cut_end_at_their_length():
@@ -314,6 +336,27 @@ def test_an_unreachable_md_is_ejected_and_health_says_so():
     assert health[0] == 200 and health[1]["out"] == {"main": [cl.url(2)]} and health[1]["down"] == []
     assert second == 200 and len(cl.main2.bodies) == 2
     assert down[0] == 503 and down[1]["down"] == ["main"]
+
+
+def test_with_every_relay_out_of_service_a_relayed_request_goes_p_md_at_once():
+    """The negative control is the first request: it finds the relay dead and spends its migration;
+    the second, with the relay known to be out, goes P->MD and keeps its migration for a real failure."""
+    async def go():
+        async with fu.FakeCluster() as cl:
+            cl.main.behaviour = model()
+            await cl.servers[1].close()  # the only RLD is gone
+            async with fu.router_client(cl, pipeline="relay", migration_limit=1) as c:
+                outs = []
+                for _ in range(2):
+                    r = await c.post("/generate", json=_body(5))
+                    outs.append((r.status, await r.json()))
+            return outs
+
+    (s1, o1), (s2, o2) = run(go())
+    assert s1 == 200 and o1["output_ids"] == reference(5)
+    assert o1["meta_info"]["pdd"]["migration_causes"] == ["unreachable"]
+    assert s2 == 200 and o2["output_ids"] == reference(5) and o2["meta_info"]["pdd"]["migrations"] == 0
+    assert o2["meta_info"]["pdd"]["pipeline"] == "P->MD" and "no relay in service" in o2["meta_info"]["pdd"]["reason"]
 
 
 @pytest.mark.parametrize("stream", [False, True])
