@@ -89,7 +89,8 @@ class FaultDeployment:
             host=a, pipeline="relay",
             extra=["--migration-limit", "1", "--health-check-s", "1", "--load-poll-s", "0.5",
                    "--request-timeout", f"{t.request:g}", "--prefill-idle-timeout", f"{t.prefill_idle:g}",
-                   "--relay-idle-timeout", f"{t.relay_idle:g}", "--main-idle-timeout", f"{t.main_idle:g}"]), "A")
+                   "--relay-idle-timeout", f"{t.relay_idle:g}", "--main-idle-timeout", f"{t.main_idle:g}"],
+            env=env), "A")  # the router signs P's and MD's PDD parameters with the servers' secret
         self.healthy(120.0)
 
     def _add(self, name: str, cfg, side: str) -> None:
