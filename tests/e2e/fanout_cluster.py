@@ -28,7 +28,6 @@ from .cluster import kv_bytes_per_token
 
 
 NEW_TOKENS = 16
-PREFILL_CHUNK = 128  # P's --chunked-prefill-size with pages of 64
 MAIN_BOOTSTRAP_TIMEOUT = 6  # --pdd-main-bootstrap-timeout of P, seconds
 SLOW_MAIN_WRITE = 4.0  # seconds P sleeps before each KV write to the main (knob), for abort / kill
 FIGURES: dict[str, object] = {}
@@ -73,12 +72,12 @@ class Fanout:
         return self.pages_bytes(len(ids)) - self.main_prefix(ids) * self.kvb
 
 
-def start_fanout(log_dir: str, model: str, *, page_size: int, base: int, boot: int, prefill_chunk: int = -1):
+def start_fanout(log_dir: str, model: str, *, page_size: int, base: int, boot: int):
     group = ServerGroup(log_dir)
     knobs = os.path.join(log_dir, f"fanout-knobs-{base}.json")
     common = dict(model=model, bootstrap_port=boot, page_size=page_size)
     p = group.start(f"fanout-prefill-{base}", ServerConfig(
-        port=base, nccl_port=base + 1000, mode="prefill", chunked_prefill_size=prefill_chunk, **common,
+        port=base, nccl_port=base + 1000, mode="prefill", **common,
         extra=["--pdd-role", "prefill", "--pdd-main-bootstrap-timeout", str(MAIN_BOOTSTRAP_TIMEOUT)],
         env={"SGLANG_PDD_TEST_KNOBS": knobs}))
     relay = group.start(f"fanout-relay-{base + 1}", ServerConfig(
@@ -98,10 +97,8 @@ def fan1(private_netns, tiny_model, log_dir):
 
 
 @pytest.fixture(scope="class")
-def fan64(private_netns, tiny_model, log_dir):
-    """Pages of 64 and P's chunked prefill of 128: a 400-token prompt fans out from 4 chunks (page 16
-    with chunked prefill is tests/e2e/test_relay_handoff.py's)."""
-    group, fan = start_fanout(log_dir, tiny_model, page_size=64, base=30900, boot=8994, prefill_chunk=PREFILL_CHUNK)
+def fan16(private_netns, tiny_model, log_dir):
+    group, fan = start_fanout(log_dir, tiny_model, page_size=16, base=30900, boot=8994)
     with group:
         yield fan
 

@@ -5,7 +5,7 @@ the same body to P and the relay with room R, to the main with room R2, P's carr
 custom_params {"pdd": {"v": 1, "main_room": R2}}.
 
 Checks: both greedy outputs equal a single server's; the main's KV bytes are exactly its missed pages
-while the relay gets the whole prompt (page size 1, and 64 with P's chunked prefill); a main aborted or killed mid-transfer or
+while the relay gets the whole prompt (page size 1 and 16); a main aborted or killed mid-transfer or
 never bootstrapping leaves the relay correct and P's pool idle; a malformed `pdd` parameter fails
 that request only; and, as a negative control, a main that misses one page more is caught by both
 the byte and the token comparison. A slow WAN write and the extra skipped page come from the
@@ -29,9 +29,9 @@ from sglang_pdd.protocol.request_auth import signer_from_env
 from sglang_pdd.testing.client import generate, greedy_body
 from sglang_pdd.testing.servers import http_json
 
-from .fanout_cluster import (  # noqa: F401  (fan1, fan64 and the autouse figures are fixtures)
+from .fanout_cluster import (  # noqa: F401  (fan1, fan16 and the autouse figures are fixtures)
     FIGURES, MAIN_BOOTSTRAP_TIMEOUT, NEW_TOKENS, SLOW_MAIN_WRITE, assert_prefill_idle, assert_same,
-    conversation_bytes, fan1, fan64, fanout_generate, figures, ids_of, moved, path_bytes, reference, with_pdd)
+    conversation_bytes, fan1, fan16, fanout_generate, figures, ids_of, moved, path_bytes, reference, with_pdd)
 
 pytestmark = pytest.mark.e2e
 
@@ -191,26 +191,26 @@ class TestPageSize1:
 
 # ---- page size 16 --------------------------------------------------------------------------------
 
-class TestPageSize64ChunkedPrefill:
+class TestPageSize16:
     def test_main_gets_exactly_its_missed_pages_and_both_outputs_match_a_single_server(
-            self, fan64, reference_server, prompts):
-        FIGURES["page64-chunked"] = conversation_bytes(fan64, reference_server, prompts, seed=901)
+            self, fan16, reference_server, prompts):
+        FIGURES["page16"] = conversation_bytes(fan16, reference_server, prompts, seed=901)
 
-    def test_negative_control_main_missing_one_page_is_caught(self, fan64, reference_server, prompts):
-        # A prompt never seen by the main (prefix 0) of 3 pages, 2 chunks: one page is a third of its KV.
-        ids = prompts.ids(150, seed=910)
+    def test_negative_control_main_missing_one_page_is_caught(self, fan16, reference_server, prompts):
+        # A short prompt never seen by the main (prefix 0), so one page is a third of its KV.
+        ids = prompts.ids(48, seed=910)
         want = reference(reference_server, ids)
-        expected_main_kv = fan64.main_miss_bytes(ids)
-        fan64.set_knobs(main_extra_skip_pages=1)
+        expected_main_kv = fan16.main_miss_bytes(ids)
+        fan16.set_knobs(main_extra_skip_pages=1)
         try:
-            before = path_bytes(fan64)
-            r = fanout_generate(fan64, ids)
-            after = path_bytes(fan64)
+            before = path_bytes(fan16)
+            r = fanout_generate(fan16, ids)
+            after = path_bytes(fan16)
         finally:
-            fan64.set_knobs()
+            fan16.set_knobs()
         assert_same(want, r["relay"], "control: the relay")
         main_kv = moved(before, after, "main")
-        assert main_kv == expected_main_kv - 64 * fan64.kvb and main_kv != expected_main_kv  # the byte check fails
+        assert main_kv == expected_main_kv - 16 * fan16.kvb and main_kv != expected_main_kv  # the byte check fails
         with pytest.raises(AssertionError, match="diverges from the single server"):  # and so does the token check
             assert_same(want, r["main"], "control: the main")
-        assert_prefill_idle(fan64)
+        assert_prefill_idle(fan16)
