@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import secrets
 import statistics
 import sys
 import threading
@@ -78,7 +79,8 @@ def run(args) -> dict:
     model = build_cached(".artifacts/models")
     pm = PromptMaker(model)
     boot = free_port()
-    common = dict(model=model, host=HOST, bootstrap_port=boot, max_running_requests=max(8, args.batch))
+    common = dict(model=model, host=HOST, bootstrap_port=boot, max_running_requests=max(8, args.batch),
+                  env={"SGLANG_PDD_SECRET": secrets.token_hex(16)})  # MD's (its token channel; no relay here)
     decodes = {"plain": ServerConfig, "main": ServerConfig}
     if args.with_overlap:
         decodes["plain-overlap"] = OverlapConfig
