@@ -87,21 +87,15 @@ class ParamsVerifier:
                 return
             del self._seen[sig]
 
-def signer_or_none(secret: bytes | None) -> ParamsSigner | None:
-    return ParamsSigner(secret) if secret else None
+def verifier_or_none(secret: bytes | None) -> ParamsVerifier | None:
+    return ParamsVerifier(secret) if secret else None
 
 
 def signer_from_env(environ: dict | None = None) -> ParamsSigner | None:
-    """A signer with `SGLANG_PDD_SECRET` (or the file `SGLANG_PDD_SECRET_FILE` names), None without;
-    ValueError when both are set or the file cannot be read."""
-    import os
+    """A signer with the shared secret as the servers read it (`PddConfig.optional_secret`:
+    `SGLANG_PDD_SECRET` or the file `SGLANG_PDD_SECRET_FILE` names), None without one; ValueError
+    when both are set or the file cannot be read or is empty."""
+    from sglang_pdd.config import PddConfig
 
-    from sglang_pdd.config import ENV_SECRET, ENV_SECRET_FILE
-    from sglang_pdd.env_secret import env_or_file
-
-    secret, _ = env_or_file(os.environ if environ is None else environ, ENV_SECRET, ENV_SECRET_FILE)
-    return signer_or_none(secret)
-
-
-def verifier_or_none(secret: bytes | None) -> ParamsVerifier | None:
-    return ParamsVerifier(secret) if secret else None
+    secret = PddConfig().optional_secret(environ)
+    return ParamsSigner(secret) if secret else None
