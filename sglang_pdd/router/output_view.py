@@ -29,7 +29,7 @@ class OutputView:
         if self.incremental:
             self.ids.extend(ids)
             self.logprobs.extend(got)
-        else:
-            self.ids = list(ids)
-            self.logprobs = list(got) if got else self.logprobs
+        else:  # the chunk's own lists (decoded for this chunk only): no copy per chunk on the hot path
+            self.ids = ids
+            self.logprobs = got or self.logprobs
         return self.ids, self.logprobs
