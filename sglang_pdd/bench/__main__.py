@@ -51,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
                     "(0: Mooncake's spinning sync write)")
     ap.add_argument("--placement", default="shared", choices=PLACEMENTS, help="CPU sets per datacenter "
                     "(bench/placement.py)")
+    ap.add_argument("--prefill-threads", type=int, default=0, help="torch (OpenMP) threads of every prefill "
+                    "server (0: torch's default, one per CPU); bench/placement.py")
+    ap.add_argument("--decode-threads", type=int, default=0, help="torch threads of every decode server (the "
+                    "baselines' decode, RLD and MD); 0: torch's default")
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("-v", "--verbose", action="store_true")
@@ -62,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         systems = parse_systems(args.systems)
     except ValueError as e:
         ap.error(str(e))
+    if args.prefill_threads < 0 or args.decode_threads < 0:
+        ap.error("--prefill-threads and --decode-threads must be >= 0")
     if args.repeat < 1:
         ap.error("--repeat must be >= 1")
     baseline = args.baseline or ("cross-dc-drc" if "cross-dc-drc" in systems else systems[0])
@@ -87,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ[thread_names.ENV] = "1"  # servers (and this process's client threads) name their threads
     thread_names.install()
     run = run_bench(systems, preset, out, args.artifacts, args.prefix, show_progress=not args.no_progress,
-                    repeats=args.repeat, baseline=baseline, server_flags=server_flags, placement=args.placement)
+                    repeats=args.repeat, baseline=baseline, server_flags=server_flags, placement=args.placement,
+                    threads={"prefill": args.prefill_threads, "decode": args.decode_threads})
     paths = write_reports(run, out)
     if not args.no_plots:
         paths.update(write_plots(run, out))

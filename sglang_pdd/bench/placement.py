@@ -42,7 +42,17 @@ def cpu_sets(placement: str, cpus: list[int] | None = None) -> dict[str, str]:
     return {"A": ",".join(map(str, cpus[:half])), "B": ",".join(map(str, cpus[half:]))}
 
 
-def describe(placement: str, cpus: list[int] | None = None) -> dict:
+def thread_env(n: int) -> dict[str, str]:
+    """A server's environment for `n` torch (OpenMP) threads: torch's CPU engine sizes its pool from
+    OMP_NUM_THREADS; without it every server runs one thread per CPU of its affinity."""
+    if n < 1:
+        raise ValueError(f"thread count {n} must be >= 1")
+    return {"OMP_NUM_THREADS": str(n)}
+
+
+def describe(placement: str, cpus: list[int] | None = None, threads: dict | None = None) -> dict:
+    """The placement as the report records it; `threads`: sglang mode -> torch threads (0: default)."""
     sets = cpu_sets(placement, cpus)
     return {"placement": placement, "cpus": list(cpus if cpus is not None else _cpus()),
-            "cpu_sets": sets or {"A": "all", "B": "all"}, "unpinned": ["bench client", "delay daemons"]}
+            "cpu_sets": sets or {"A": "all", "B": "all"}, "unpinned": ["bench client", "delay daemons"],
+            "threads": {m: (n or "default") for m, n in sorted((threads or {}).items())}}

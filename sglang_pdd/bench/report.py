@@ -179,4 +179,12 @@ def _placement_text(p: dict) -> str:
         return "not recorded"
     sets = p.get("cpu_sets", {})
     return (f"`{p.get('placement')}` (cluster A on CPUs {sets.get('A')}, cluster B on {sets.get('B')}; "
-            f"{', '.join(p.get('unpinned', []))} unpinned; box CPUs {p.get('cpus')})")
+            f"{', '.join(p.get('unpinned', []))} unpinned; box CPUs {p.get('cpus')}; "
+            f"torch threads per server: {_threads_text(p.get('threads') or {})})")
+
+
+def _threads_text(threads: dict) -> str:
+    given = {m: n for m, n in threads.items() if n != "default"}
+    if not given:
+        return "torch's default (one per CPU it may run on)"
+    return ", ".join(f"{m} {n}" for m, n in sorted(given.items())) + ", others torch's default"

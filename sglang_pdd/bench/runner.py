@@ -82,7 +82,8 @@ def _cpu_groups(system, tb) -> dict[str, list[int]]:
 def run_system(name: str, tb, model_dir: str, reqs: list[WorkloadRequest], preset: Preset,
                vocab_size: int, log_root: str, show_progress: bool = True,
                kv_bytes_per_token: int | None = None, repeat: int = 0, repeats: int = 1,
-               server_flags: tuple[str, ...] = (), cpus: dict | None = None) -> SystemRun:
+               server_flags: tuple[str, ...] = (), cpus: dict | None = None,
+               threads: dict | None = None) -> SystemRun:
     system = make_system(name)
     label = name if repeats == 1 else f"{name}-r{repeat + 1}"
     run = SystemRun(name, system.sim_name, system.description, None, log_dir=os.path.join(log_root, label),
@@ -90,7 +91,8 @@ def run_system(name: str, tb, model_dir: str, reqs: list[WorkloadRequest], prese
     client_ns = tb.ns(system.client_side)
     t0 = time.monotonic()
     try:
-        system.start(Deployment(tb, model_dir, run.log_dir, kv_bytes_per_token, tuple(server_flags), dict(cpus or {})))
+        system.start(Deployment(tb, model_dir, run.log_dir, kv_bytes_per_token, tuple(server_flags), dict(cpus or {}),
+                                dict(threads or {})))
         run.startup_s = time.monotonic() - t0
         logger.info("%s: servers up in %.1f s; %d warm-ups", name, run.startup_s,
                     sum(r.warmup for r in reqs))
@@ -120,7 +122,8 @@ def run_system(name: str, tb, model_dir: str, reqs: list[WorkloadRequest], prese
 
 def run_bench(systems: list[str], preset: Preset, out_dir: str, artifacts: str, prefix: str,
               show_progress: bool = True, repeats: int = 1, baseline: str | None = None,
-              server_flags: tuple[str, ...] = (), placement: str = "shared") -> BenchRun:
+              server_flags: tuple[str, ...] = (), placement: str = "shared",
+              threads: dict | None = None) -> BenchRun:
     t0 = time.monotonic()
     os.makedirs(out_dir, exist_ok=True)
     model_dir = build_cached(os.path.join(artifacts, "models"), TinyModelSpec())
@@ -143,6 +146,6 @@ def run_bench(systems: list[str], preset: Preset, out_dir: str, artifacts: str, 
             for name in systems:
                 runs.append(run_system(name, tb, model_dir, reqs, preset, preset.workload.vocab_size,
                                        os.path.join(out_dir, "logs"), show_progress, info.get("kv_bytes_per_token"),
-                                       r, repeats, server_flags, cpus))
+                                       r, repeats, server_flags, cpus, threads))
     return BenchRun(preset, trace_path, model_dir, info, runs, time.monotonic() - t0, tb_info, repeats,
-                    baseline, tuple(server_flags), place.describe(placement))
+                    baseline, tuple(server_flags), place.describe(placement, threads=threads))

@@ -21,6 +21,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar
 
+from sglang_pdd.bench import placement as place
 from sglang_pdd.bench.client import StreamResult, stream
 from sglang_pdd.metrics import parse_exposition
 from sglang_pdd.netns import NetNS
@@ -45,10 +46,14 @@ class Deployment:
     # added to every sglang server of every system (baselines too): the idle behaviour under test
     server_flags: tuple[str, ...] = ()
     cpus: dict = field(default_factory=dict)  # side -> CPU list for `taskset -c` (bench.placement)
+    threads: dict = field(default_factory=dict)  # sglang mode (prefill/decode/null) -> torch threads (0: default)
 
     def server(self, cfg: ServerConfig, side: str) -> "InNamespace":
-        """`cfg` (plus `server_flags`) run in `side`'s namespace, on its CPU set if one is given."""
+        """`cfg` (plus `server_flags`) run in `side`'s namespace, on its CPU set if one is given, with
+        the torch (OpenMP) thread count of its mode if one is given."""
         cfg.extra = list(cfg.extra) + list(self.server_flags)
+        if self.threads.get(cfg.mode):
+            cfg.env = {**cfg.env, **place.thread_env(self.threads[cfg.mode])}
         return self.process(cfg, side)
 
     def process(self, inner: Launchable, side: str) -> "InNamespace":

@@ -81,3 +81,15 @@ def test_per_dc_placement_splits_the_cpus_and_shared_pins_nothing():
         placement.cpu_sets("per-dc", [0])
     d = placement.describe("per-dc", [0, 1])
     assert d["cpu_sets"] == {"A": "0", "B": "1"} and "delay daemons" in d["unpinned"]
+
+
+def test_the_placement_records_the_thread_counts_and_refuses_zero_threads_in_an_env():
+    from sglang_pdd.bench.report import _placement_text
+
+    d = placement.describe("shared", [0, 1], threads={"prefill": 0, "decode": 1})
+    assert d["threads"] == {"decode": 1, "prefill": "default"}
+    assert "decode 1" in _placement_text(d) and "prefill" not in _placement_text(d).split("torch threads")[1]
+    assert "torch's default" in _placement_text(placement.describe("shared", [0, 1]))
+    assert placement.thread_env(1) == {"OMP_NUM_THREADS": "1"}
+    with pytest.raises(ValueError):
+        placement.thread_env(0)

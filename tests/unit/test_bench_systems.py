@@ -129,3 +129,18 @@ def test_pdd_router_is_told_the_testbed_link_and_the_kv_size():
     assert 90 <= float(args[args.index("--wan-mbit") + 1]) <= 100
     assert args[args.index("--kv-bytes-per-token") + 1] == "16384"
     assert router_link_args(object(), None) == ["--odd-output-threshold", "0"]
+
+
+def test_a_deployment_gives_each_mode_its_torch_thread_count(tmp_path):
+    class TB:
+        def ns(self, side):
+            return NetNS("bench" + side)
+
+    dep = S.Deployment(TB(), "m", str(tmp_path), threads={"prefill": 2, "decode": 1})
+    decode = dep.server(ServerConfig(model="m", port=30200, mode="decode", env={"X": "1"}), "B")
+    prefill = dep.server(ServerConfig(model="m", port=30100, mode="prefill"), "A")
+    assert decode.environ()["OMP_NUM_THREADS"] == "1" and decode.environ()["X"] == "1"
+    assert prefill.environ()["OMP_NUM_THREADS"] == "2"
+    # 0 (or no entry) leaves torch's default: no OMP_NUM_THREADS from the deployment
+    plain = S.Deployment(TB(), "m", str(tmp_path), threads={"decode": 0})
+    assert "OMP_NUM_THREADS" not in plain.server(ServerConfig(model="m", port=1, mode="decode"), "B").environ()
