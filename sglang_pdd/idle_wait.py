@@ -130,6 +130,13 @@ def use_upstream(register: Any, notify: Any) -> None:
     _pending.clear()
 
 
+def configure_server_args(server_args: Any, cfg: Any) -> None:
+    """Where sglang has `--idle-wait-ms` (patch 0005) and it was not given, take the plugin's wait
+    (`cfg`: the PddConfig)."""
+    if getattr(server_args, "idle_wait_ms", None) == 0 and cfg.idle_wait_s > 0:
+        server_args.idle_wait_ms = cfg.idle_wait_s * 1e3
+
+
 def current() -> IdleWaiter | None:
     return _waiter
 

@@ -5,7 +5,7 @@ by default, a plain server when it passes the flag. The logic is sglang_pdd.idle
 
 On an sglang with patch 0005 the `on_idle` hook is not registered (plugin.CAPABILITIES):
 `use_idle_waiter` hands the token channel's sockets and the wake-ups to sglang's IdleWaiter, and
-`configure_server_args` sets sglang's `--idle-wait-ms` from the plugin's (unless given).
+`idle_wait.configure_server_args` sets sglang's `--idle-wait-ms` from the plugin's (unless given).
 """
 
 from __future__ import annotations
@@ -42,12 +42,6 @@ def use_idle_waiter() -> None:
                                                                       register_idle_wake_source)
 
     idle_wait.use_upstream(register_idle_wake_source, notify_idle_waiters)
-
-
-def configure_server_args(server_args, cfg: PddConfig) -> None:
-    """Where sglang has `--idle-wait-ms` (patch 0005) and it was not given, take the plugin's wait."""
-    if getattr(server_args, "idle_wait_ms", None) == 0 and cfg.idle_wait_s > 0:
-        server_args.idle_wait_ms = cfg.idle_wait_s * 1e3
 
 
 def around_on_idle(original, scheduler, *a, **kw):

@@ -143,7 +143,7 @@ def check_idle_wait() -> None:
 
     from sglang_pdd import idle_wait
     from sglang_pdd.config import PddConfig
-    from sglang_pdd.hooks.idle import configure_server_args
+    from sglang_pdd.idle_wait import configure_server_args
 
     idle_wait.reset_for_tests()
     plugin.use_capabilities()

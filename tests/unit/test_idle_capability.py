@@ -87,14 +87,14 @@ def _cfg(ms):
 
 def test_the_plugins_wait_becomes_sglangs_server_argument():
     given = SimpleNamespace(idle_wait_ms=0)
-    idle.configure_server_args(given, _cfg(5.0))
+    idle_wait.configure_server_args(given, _cfg(5.0))
     assert given.idle_wait_ms == 5.0
     explicit = SimpleNamespace(idle_wait_ms=2)  # --idle-wait-ms given: it wins
-    idle.configure_server_args(explicit, _cfg(5.0))
+    idle_wait.configure_server_args(explicit, _cfg(5.0))
     assert explicit.idle_wait_ms == 2
     off = SimpleNamespace(idle_wait_ms=0)
-    idle.configure_server_args(off, _cfg(0.0))
+    idle_wait.configure_server_args(off, _cfg(0.0))
     assert off.idle_wait_ms == 0
     stock = SimpleNamespace()  # no such argument: nothing added
-    idle.configure_server_args(stock, _cfg(5.0))
+    idle_wait.configure_server_args(stock, _cfg(5.0))
     assert not hasattr(stock, "idle_wait_ms")
