@@ -54,6 +54,9 @@ def server_args_and_config(**kwargs) -> tuple[Any, config.PddConfig]:
         cfg = supported.validated(_Args(server_args, pdd))
     except config.PddConfigError as e:
         raise ValueError(f"sglang-pdd: error: {e}") from None
+    from sglang_pdd.idle_wait import configure_server_args
+
+    configure_server_args(server_args, cfg)  # patch 0005: sglang's own idle wait
     return server_args, cfg
 
 

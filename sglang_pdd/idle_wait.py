@@ -13,6 +13,10 @@ of the scheduler's request sockets, the token channel's sockets (`watch`), and a
 descriptor that the KV manager's status updates set (`wake`, from Mooncake's threads: a transfer
 done, a bootstrap arrived), for at most `timeout_s`. Whatever the loop was waiting for wakes it at
 once; the timeout only bounds what nothing signals (sglang's own timers, the fan-out's bookkeeping).
+
+On an sglang with patch 0005 (`--idle-wait-ms`, patches/) sglang's own IdleWaiter does all this:
+`use_upstream` routes `watch` to its `register_idle_wake_source` and `wake` to its
+`notify_idle_waiters`, and the plugin's waiter is never installed (hooks/idle.py).
 """
 
 from __future__ import annotations
@@ -114,12 +118,34 @@ def install(timeout_s: float, sockets: tuple[Any, ...] = ()) -> IdleWaiter:
         return _waiter
 
 
+_upstream: tuple[Any, Any] | None = None  # sglang's (register_idle_wake_source, notify_idle_waiters)
+
+
+def use_upstream(register: Any, notify: Any) -> None:
+    """Patch 0005: sglang waits; our sockets become its wake sources, our wake-ups its notifications."""
+    global _upstream
+    _upstream = (register, notify)
+    for s in _pending:
+        register(s)
+    _pending.clear()
+
+
+def configure_server_args(server_args: Any, cfg: Any) -> None:
+    """Where sglang has `--idle-wait-ms` (patch 0005) and it was not given, take the plugin's wait
+    (`cfg`: the PddConfig)."""
+    if getattr(server_args, "idle_wait_ms", None) == 0 and cfg.idle_wait_s > 0:
+        server_args.idle_wait_ms = cfg.idle_wait_s * 1e3
+
+
 def current() -> IdleWaiter | None:
     return _waiter
 
 
 def wake() -> None:
     """Called where in-flight work changes state (the KV manager's status updates)."""
+    if _upstream is not None:
+        _upstream[1]()
+        return
     w = _waiter
     if w is not None:
         w.wake()
@@ -130,6 +156,9 @@ def watch(scheduler: Any, sock: Any) -> None:
     sleeper = getattr(scheduler, "idle_sleeper", None)
     if sleeper is not None and hasattr(sleeper, "poller"):
         sleeper.poller.register(sock, zmq.POLLIN)
+    if _upstream is not None:
+        _upstream[0](sock)
+        return
     w = _waiter
     if w is not None:
         w.watch(sock)
@@ -138,7 +167,7 @@ def watch(scheduler: Any, sock: Any) -> None:
 
 
 def reset_for_tests() -> None:
-    global _waiter
+    global _waiter, _upstream
     with _lock:
-        _waiter = None
+        _waiter = _upstream = None
     _pending.clear()

@@ -144,6 +144,11 @@ CAPABILITIES: tuple[Capability, ...] = (
                (f"{_SRT}.disaggregation.mooncake.conn.MooncakeKVManager.build_receiver_metadata_message",
                 f"{_SRT}.disaggregation.mooncake.conn.TransferInfo.from_zmq"),
                use="packed_wan:use_metadata_extension"),
+    # sglang waits on in-flight work itself (--idle-wait-ms); the token channel is a wake source
+    Capability("idle wait", "0005",
+               f"{_SRT}.managers.scheduler_components.idle_waiter:register_idle_wake_source",
+               (f"{_SRT}.managers.scheduler.Scheduler.on_idle",),
+               use="idle:use_idle_waiter"),
 )
 
 

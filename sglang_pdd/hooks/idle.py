@@ -2,6 +2,10 @@
 
 Inert (one attribute read per idle iteration) unless the config sets an idle wait: every PDD role
 by default, a plain server when it passes the flag. The logic is sglang_pdd.idle_wait.
+
+On an sglang with patch 0005 the `on_idle` hook is not registered (plugin.CAPABILITIES):
+`use_idle_waiter` hands the token channel's sockets and the wake-ups to sglang's IdleWaiter, and
+`idle_wait.configure_server_args` sets sglang's `--idle-wait-ms` from the plugin's (unless given).
 """
 
 from __future__ import annotations
@@ -30,6 +34,14 @@ def waiter(scheduler):
         w = idle_wait.install(timeout, (tok, rpc))
     scheduler._pdd_idle_waiter = w
     return w
+
+
+def use_idle_waiter() -> None:
+    """Patch 0005's extension point: sglang's waiter watches our sockets and takes our wake-ups."""
+    from sglang.srt.managers.scheduler_components.idle_waiter import (notify_idle_waiters,
+                                                                      register_idle_wake_source)
+
+    idle_wait.use_upstream(register_idle_wake_source, notify_idle_waiters)
 
 
 def around_on_idle(original, scheduler, *a, **kw):

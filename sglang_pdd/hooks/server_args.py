@@ -22,6 +22,9 @@ def after_from_cli_args(server_args, _cls, args, *, require_hooks_applied: Calla
         raise SystemExit(f"sglang-pdd: error: {e}") from None
     if cfg.active:
         require_hooks_applied()
+    from sglang_pdd.idle_wait import configure_server_args
+
+    configure_server_args(server_args, cfg)  # patch 0005: sglang's own idle wait
     server_args._pdd_config = cfg.to_json()  # bookkeeping: survives pickling to the schedulers
     cfg.export_env()
     logger.info("sglang-pdd %s: %s, peers: none configured", __version__, cfg.describe())

@@ -5,7 +5,9 @@ Checks that the plugin serves each ported capability through sglang's own classe
   `MultiDestinationKVSender` with MD's room, the fan-out registry follows it open and closed, and a
   malformed `pdd` parameter is a 400 whose rooms P refuses;
 * 0004: MD's landing offer, registered as a transfer-metadata extension, travels in sglang's
-  metadata message and P's sender finds it in `TransferInfo.extensions`, with no hook.
+  metadata message and P's sender finds it in `TransferInfo.extensions`, with no hook;
+* 0005: the plugin's idle wait is sglang's `IdleWaiter`: a socket the token channel watches and the
+  plugin's wake-ups end sglang's wait, and `--pdd-idle-wait-ms` becomes sglang's `--idle-wait-ms`.
 Prints "PLUGIN CHECKS OK" and exits 0 when every check holds.
 """
 
@@ -133,11 +135,44 @@ def check_destinations_provider() -> None:
     print("0002: P's fan-out is sglang's KV destinations provider")
 
 
+def check_idle_wait() -> None:
+    import os
+
+    from sglang.srt.managers.scheduler_components.idle_waiter import IdleWaiter
+    from sglang.srt.server_args import ServerArgs
+
+    from sglang_pdd import idle_wait
+    from sglang_pdd.config import PddConfig
+    from sglang_pdd.idle_wait import configure_server_args
+
+    idle_wait.reset_for_tests()
+    plugin.use_capabilities()
+    waiter = IdleWaiter([], timeout_ms=0)  # what the scheduler builds with --idle-wait-ms
+    assert waiter.wait() is False
+    r, w = os.pipe()
+    try:
+        idle_wait.watch(SimpleNamespace(idle_sleeper=None), r)  # as RLD's / MD's token channel does
+        os.write(w, b"x")
+        assert waiter.wait() is True
+        os.read(r, 1)
+        assert waiter.wait() is False
+        idle_wait.wake()  # as the update_status hook does
+        assert waiter.wait() is True and idle_wait.current() is None
+    finally:
+        os.close(r)
+        os.close(w)
+    args = ServerArgs(model_path="m")
+    configure_server_args(args, PddConfig(idle_wait_ms=5.0))
+    assert args.idle_wait_ms == 5.0, args.idle_wait_ms
+    print("0005: the idle wait is sglang's IdleWaiter, woken by the plugin's sockets and wake-ups")
+
+
 def main() -> int:
     assert "/python/sglang/" in sglang.__file__, f"not the patched copy: {sglang.__file__}"
     check_capabilities()
     check_landing_extension()
     check_destinations_provider()
+    check_idle_wait()
     print("PLUGIN CHECKS OK")
     return 0
 
