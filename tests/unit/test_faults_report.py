@@ -124,3 +124,43 @@ def test_scenarios_in_the_issue_order_and_parse_keeps_the_given_one():
         parse("wan-cut-5s,wan-cut-5s")
     assert [s.name for s in SCENARIOS if not s.absorbable] == ["p-kill-mid-prefill", "router-restart-mid-stream",
                                                               "md-pool-exhausted"]
+
+
+def test_every_other_conversation_samples_with_its_own_seed_and_the_rest_are_greedy():
+    from sglang_pdd.bench.faults.traffic import TrafficSpec
+
+    spec = TrafficSpec(conversations=4, seed=3)
+    assert [spec.is_seeded(c) for c in range(4)] == [False, True, False, True]
+    assert spec.sampling(0, 0) == spec.sampling(2, 1) == {}
+    seeds = {spec.sampling(c, t)["sampling_seed"] for c in (1, 3) for t in range(3)}
+    assert len(seeds) == 6  # a seed per conversation and turn
+    assert spec.sampling(1, 0)["temperature"] > 0
+    assert not any(TrafficSpec(seeded_every=0).is_seeded(c) for c in range(4))
+
+
+class _Dep:
+    """The deployment as classify_all sees it: the reference is asked through `call`."""
+
+    def __init__(self, answers):
+        self.servers = {"reference": type("S", (), {"url": "http://ref"})()}
+        self.answers, self.asked = answers, []
+
+    def call(self, name, fn, url, ids, n, **sampling):
+        self.asked.append(sampling)
+        return Reference(self.answers[bool(sampling)])
+
+
+def test_a_seeded_request_is_checked_against_the_seeded_reference():
+    from sglang_pdd.bench.faults.suite import classify_all
+
+    seeded = {"temperature": 0.8, "top_p": 0.9, "sampling_seed": 5}
+    dep = _Dep({False: [5, 6, 7], True: [9, 8, 7]})  # greedy and seeded references differ
+    r = ScenarioReport("s", True)
+    classify_all(r, [rec(), rec(conv=1, output_ids=[9, 8, 7], sampling=seeded)], dep)
+    assert dep.asked == [{}, seeded]
+    assert r.counts["identical"] == 2 and r.seeded == {"identical": 1}
+    assert "seeded sampling: 1 of the requests (identical 1)" in report.details([r])
+    # negative control: the seeded tokens checked against the greedy reference are silently wrong
+    r = ScenarioReport("s", True)
+    classify_all(r, [rec(conv=1, output_ids=[9, 8, 7])], dep)
+    assert r.counts["wrong"] == 1 and "diverges at step 0" in r.wrong[0]

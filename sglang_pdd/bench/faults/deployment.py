@@ -120,9 +120,9 @@ class FaultDeployment:
     def side(self, name: str) -> str:
         return self._configs[name][1]
 
-    def call(self, name: str, fn, *args):
-        """`fn(*args)` from inside the namespace of server `name` (B's servers need no WAN to be asked)."""
-        return self.tb.ns(self.side(name)).call(fn, *args)
+    def call(self, name: str, fn, *args, **kwargs):
+        """`fn(*args, **kwargs)` from inside the namespace of server `name` (B's servers need no WAN to be asked)."""
+        return self.tb.ns(self.side(name)).call(fn, *args, **kwargs)
 
     # -- state ------------------------------------------------------------------------------------
     def healthy(self, timeout_s: float, router: bool = True) -> None:

@@ -22,6 +22,7 @@ class RequestRecord:
     turn: int
     input_ids: list[int]
     max_new_tokens: int
+    sampling: dict = field(default_factory=dict)  # beyond greedy: a seeded conversation's temperature, seed, ...
     output_ids: list[int] = field(default_factory=list)
     finish_reason: dict | None = None
     error: str = ""  # the error's message (HTTP status, error chunk or connection failure)

@@ -29,6 +29,7 @@ class ScenarioReport:
     harness_error: str = ""  # the scenario could not run to its end
     ttft_s: dict[str, float | None] = field(default_factory=dict)  # median TTFT: migrated / not
     gap_s: dict[str, float | None] = field(default_factory=dict)  # largest client gap: migrated (max) / not (median)
+    seeded: dict[str, int] = field(default_factory=dict)  # class -> requests of the seeded conversations
 
     @property
     def requests(self) -> int:
@@ -40,8 +41,10 @@ class ScenarioReport:
         return (not self.harness_error and c["hung"] == 0 and c["wrong"] == 0 and not self.leaked
                 and (c["failed"] == 0 or not self.absorbable))
 
-    def add(self, cls: str) -> None:
+    def add(self, cls: str, seeded: bool = False) -> None:
         self.counts[cls] += 1
+        if seeded:
+            self.seeded[cls] = self.seeded.get(cls, 0) + 1
 
     def timing(self, migrated: list, others: list) -> None:
         """TTFT and largest-gap figures from the records of migrated and other completed requests."""
@@ -77,6 +80,9 @@ def details(reports: list[ScenarioReport]) -> str:
             out.append(f"  migrated: largest client gap {r.gap_s['migrated']:.2f}s (others' median "
                        f"{_s(r.gap_s.get('other'))}), median TTFT {_s(r.ttft_s.get('migrated'))} "
                        f"(others {_s(r.ttft_s.get('other'))})")
+        if r.seeded:
+            out.append(f"  seeded sampling: {sum(r.seeded.values())} of the requests ("
+                       + ", ".join(f"{k} {v}" for k, v in sorted(r.seeded.items())) + ")")
         for e in r.errors[:3]:
             out.append(f"  error: {e}")
         for w in r.wrong[:3]:

@@ -106,14 +106,14 @@ def classify_all(rep: ScenarioReport, records: list[RequestRecord], dep: FaultDe
     for r in records:
         same = None
         if r.completed and not r.went_back:
-            ref = dep.call("reference", identity.reference, ref_url, r.input_ids, r.max_new_tokens)
+            ref = dep.call("reference", identity.reference, ref_url, r.input_ids, r.max_new_tokens, **r.sampling)
             same = matches(ref, r.output_ids)
             if not same:
                 i = identity.first_divergence(ref.tokens, r.output_ids)
-                rep.wrong.append(f"conv {r.conv} turn {r.turn}: diverges at step {i} "
+                rep.wrong.append(f"conv {r.conv} turn {r.turn}{' (seeded)' if r.sampling else ''}: diverges at step {i} "
                                  f"(migrations {r.migrations}, md {r.md}, handoff {r.handoff_k})")
         cls = classify(r, same)
-        rep.add(cls)
+        rep.add(cls, seeded=bool(r.sampling))
         if cls == "failed" and r.error not in rep.errors:
             rep.errors.append(r.error)
         (migrated if cls == "migrated" else others if cls == "identical" else []).append(r)

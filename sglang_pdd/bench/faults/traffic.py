@@ -3,7 +3,9 @@ from cluster A, each request with a deadline; every chunk updates the shared pro
 scenario's trigger waits on (`Traffic.wait_for`).
 
 Turn t+1's prompt is turn t's prompt, the tokens the client got and a new user message. A
-conversation ends at its first request that did not complete.
+conversation ends at its first request that did not complete. Conversations are greedy, except
+every `seeded_every`-th (1, 1 + n, ...), which samples with a seed (`seeded_sampling`): a migrated
+seeded request must continue the single server's seeded stream token for token.
 """
 
 from __future__ import annotations
@@ -29,6 +31,20 @@ class TrafficSpec:
     max_new_tokens: int = 64
     deadline_s: float = 300.0  # the client's deadline per request: past it, the request hung
     seed: int = 0
+    seeded_every: int = 2  # conversations 1, 1 + n, ... sample with a seed (0: every conversation greedy)
+
+    def sampling(self, conv: int, turn: int) -> dict:
+        """The sampling parameters of conversation `conv`'s turn `turn` beyond greedy ({} for greedy)."""
+        return seeded_sampling(self.seed * 1000 + 10 * conv + turn) if self.is_seeded(conv) else {}
+
+    def is_seeded(self, conv: int) -> bool:
+        return self.seeded_every > 0 and conv % self.seeded_every == 1 % self.seeded_every
+
+
+def seeded_sampling(seed: int) -> dict:
+    """Seeded sampling (every PDD role and the reference sample with sglang-pdd's position-hashed
+    sampler, --pdd-seeded-sampling): the same tokens wherever a request is decoded."""
+    return {"temperature": 0.8, "top_p": 0.9, "sampling_seed": seed}
 
 
 class Traffic:
@@ -80,7 +96,7 @@ class Traffic:
         s = self.spec
         ids = self.prompts.ids(s.big_prompt if c == 0 and s.big_prompt else s.first_prompt, seed=s.seed * 1000 + c)
         for turn in range(s.turns):
-            rec = RequestRecord(c, turn, list(ids), s.max_new_tokens)
+            rec = RequestRecord(c, turn, list(ids), s.max_new_tokens, sampling=s.sampling(c, turn))
             with self._cond:
                 self.records.append(rec)
                 self.active.append(rec)
@@ -98,9 +114,10 @@ class Traffic:
 
 
 def request(url: str, rec: RequestRecord, deadline_s: float, on_chunk=lambda: None) -> RequestRecord:
-    """One streamed greedy /generate, recorded in `rec` as it comes (the caller's thread)."""
+    """One streamed /generate (greedy, or `rec.sampling`), recorded in `rec` as it comes (the caller's thread)."""
     body = {"input_ids": rec.input_ids, "stream": True,
-            "sampling_params": {"temperature": 0.0, "max_new_tokens": rec.max_new_tokens, "ignore_eos": True}}
+            "sampling_params": {"temperature": 0.0, "max_new_tokens": rec.max_new_tokens, "ignore_eos": True,
+                                **rec.sampling}}
     req = urllib.request.Request(url.rstrip("/") + "/generate", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     t0 = last = time.monotonic()
