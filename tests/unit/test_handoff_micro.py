@@ -137,7 +137,9 @@ def test_transformers_recompute_extends_over_the_cached_prefix_and_rewinds(tiny_
 
     setup = Setup(tokens=8, prefix_tokens=64, pool_slots=64, seed=1, layers=4, kv_heads=8, head_dim=64, vocab=2048)
     rc = TransformersRecompute(tiny_model, setup.prefix_ids(), setup.tokens)
-    assert rc.check(setup.eager_ids()) < 1e-4
+    # The context model's logits are ~87 in magnitude: fp32 reassociation (the kernels a CPU picks, its
+    # thread count) moves them by up to ~2e-4 (seen on CI), a wrong KV by whole units.
+    assert rc.check(setup.eager_ids()) < 1e-3
     rc.prepare()
     first = rc(setup.eager_ids())
     rc.prepare()
