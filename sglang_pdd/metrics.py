@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import threading
 
+from sglang_pdd.transfer import pool_state
+
 PREFIX = "sglang_pdd_"
 _lock = threading.Lock()
 _metrics: dict[str, object] = {}
@@ -124,7 +126,7 @@ def publish_pool_state(role: str, scheduler) -> None:
     g.labels(role, "total").set(scheduler.max_total_num_tokens)
     r = _gauge("req_rows", "Request rows (req_to_token) by state", ("role", "state"))
     r.labels(role, "free").set(rows.available_size())
-    r.labels(role, "total").set(rows.size)
+    r.labels(role, "total").set(pool_state.rows_total(rows))
 
 
 def record_handoff_mode(role: str, mode: str, reason: str, n: int = 1) -> None:

@@ -14,6 +14,13 @@ _TABLES = ("request_status", "transfer_infos", "req_to_decode_prefix_len", "fail
            "_staging_outstanding")
 
 
+def rows_total(rows: Any) -> int:
+    """Request rows a pool can hand out, all free when idle. A decode server's pool
+    (DecodeReqToTokenPool) has `pre_alloc_size` rows beyond `size` for requests whose KV is still on
+    its way: `size` 8 and 16 more on the test servers, so 24 are free when idle, not 8."""
+    return int(rows.size) + int(getattr(rows, "pre_alloc_size", 0) or 0)
+
+
 def prefill_pool_state(scheduler: Any) -> dict:
     queue = scheduler.disagg_prefill_bootstrap_queue
     kv_mgr = queue.kv_manager
@@ -25,7 +32,7 @@ def prefill_pool_state(scheduler: Any) -> dict:
         "kv_evictable": int(scheduler.tree_cache.evictable_size()),
         "kv_protected": int(scheduler.tree_cache.protected_size()),
         "req_rows_free": int(scheduler.req_to_token_pool.available_size()),
-        "req_rows_total": int(scheduler.req_to_token_pool.size),
+        "req_rows_total": rows_total(scheduler.req_to_token_pool),
         "metadata_free": int(meta.available_size()),
         "metadata_total": int(meta.size),
         "bootstrap_queue": len(queue.queue),

@@ -49,7 +49,7 @@ class FaultDeployment:
     mains: int = 2
     main_tokens: int = 16384  # MD's --max-total-tokens
     servers: dict[str, ServerProcess] = field(default_factory=dict)  # name -> the live process
-    idle_rows: dict[str, float] = field(default_factory=dict)  # name -> request rows free when idle
+    idle_rows: dict[str, float] = field(default_factory=dict)  # name -> request rows free when idle (all)
 
     def __post_init__(self):
         self.group = ServerGroup(self.log_dir)
@@ -136,9 +136,11 @@ class FaultDeployment:
                 self.idle_rows[name] = self._rows_free(name, timeout_s)
 
     def _rows_free(self, name: str, timeout_s: float) -> float:
+        """Rows free when idle: all of them (`total`). Not the first `free` published: sglang's /health
+        runs a one-token request that holds a row for a moment, and a baseline read then is one short."""
         deadline = time.monotonic() + timeout_s
         while True:
-            got = self.states(name, "sglang_pdd_req_rows").get("free")
+            got = self.states(name, "sglang_pdd_req_rows").get("total")
             if got is not None or time.monotonic() > deadline:
                 if got is None:
                     raise RuntimeError(f"{name} never published sglang_pdd_req_rows")
