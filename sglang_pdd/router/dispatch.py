@@ -189,14 +189,15 @@ class Dispatcher:
                     yield d
                 return
             except RoleFailure as f:
-                a = self._migrate(f, a, sampling_params, outcome, stitcher, lp)
+                a = self._migrate(f, a, input_ids, sampling_params, outcome, stitcher, lp, mode=pipeline)
         # nothing was left to generate: the client's request ends at its length
         yield stitcher.feed_main(list(stitcher.ids), {"type": "length",
                                                        "length": int(sampling_params.get("max_new_tokens") or 128)})
 
-    def _migrate(self, f: "RoleFailure", a: "Attempt", sampling_params: dict, outcome: Outcome,
-                 stitcher: Stitcher, lp: list) -> "Attempt | None":
-        """The next attempt after `f`, or raise its failure; None: nothing is left to generate."""
+    def _migrate(self, f: "RoleFailure", a: "Attempt", input_ids: list[int], sampling_params: dict,
+                 outcome: Outcome, stitcher: Stitcher, lp: list, mode: str | None = None) -> "Attempt | None":
+        """The next attempt after `f`, or raise its failure; None: nothing is left to generate. `mode`:
+        the request's pipeline mode (auto, relay, direct), for a migration that may relay."""
         peer = a.peers.get(f.role)
         if peer is not None and f.cause == "idle":  # the others were counted where they happened (_run)
             peer.health.failed()
@@ -221,12 +222,23 @@ class Dispatcher:
                     len(stitcher.ids), d.pipeline.value, d.reason)
         outcome.migrations.append(f.cause)
         exclude = (peer,) if peer is not None else ()
+        if same_site:  # nor an MD behind the same WAN
+            exclude += tuple(x for x in self.main.peers if x is not peer and x.site == peer.site)
+        pipe = d.pipeline
         peers = {"prefill": self.prefill.pick(exclude if f.role == "prefill" else ()),
-                 "main": self.main.pick(exclude if f.role == "main" else ()) if d.pipeline is Pipeline.P_MD else None,
-                 "relay": self.relay.pick(exclude if f.role == "relay" else ()) if d.pipeline is Pipeline.P_RLD else None}
-        stitcher.resume()
+                 "main": self.main.pick(exclude if f.role == "main" else ()) if pipe is Pipeline.P_MD else None,
+                 "relay": self.relay.pick(exclude if f.role == "relay" else ()) if pipe is Pipeline.P_RLD else None}
+        if d.may_relay:  # the resumed request on its new MD, as any request: P->RLD->MD where MD misses much
+            resumed = migration.resumed_request(input_ids, sampling_params, stitcher.ids)
+            pipe, why = self.choose(resumed[0], int(resumed[1].get("max_new_tokens") or 128), peers["main"], mode=mode)
+            if pipe is Pipeline.P_RLD_MD:
+                peers["relay"] = self.relay.pick(exclude if f.role == "relay" else ())
+                logger.info("migration goes through a relay: %s", why)
+            else:
+                pipe = Pipeline.P_MD
+        stitcher.resume(relayed=pipe is Pipeline.P_RLD_MD)
         del lp[len(stitcher.ids):]
-        return Attempt(d.pipeline, peers, prefix=list(stitcher.ids), migrated=True)
+        return Attempt(pipe, peers, prefix=list(stitcher.ids), migrated=True)
 
     async def _attempt(self, a: "Attempt", input_ids: list[int], sampling_params: dict, extra: dict,
                        outcome: Outcome, stitcher: Stitcher, lp: list) -> AsyncIterator[Delta]:
@@ -242,7 +254,7 @@ class Dispatcher:
         queues, tasks = self._start(calls)
         feed_relay, feed_main = stitcher.feed_relay, stitcher.feed_main
         if a.migrated:
-            feed_relay = feed_main = self._continued(stitcher, a.prefix)
+            feed_relay, feed_main = self._continued(stitcher, len(a.prefix), relayed=a.pipeline is Pipeline.P_RLD_MD)
         try:
             if rld is not None:
                 async for d in self._drain("relay", queues["relay"], feed_relay, lp, len(a.prefix)):
@@ -255,7 +267,8 @@ class Dispatcher:
                         self._leave_running([t for (name, _, _), t in zip(calls, tasks) if name in ("main", "prefill")])
                         self.placement.landed(md, input_ids)  # MD gets the prompt, not RLD's output
                     return
-                outcome.handoff_k, outcome.handoff_mode = stitcher.handoff_k, stitcher.handoff_mode
+                if outcome.handoff_k is None:  # the first handoff (a migrated P->RLD->MD copy has its own)
+                    outcome.handoff_k, outcome.handoff_mode = stitcher.handoff_k, stitcher.handoff_mode
             async for d in self._drain("main", queues["main"], feed_main, lp, len(a.prefix)):
                 yield d
             outcome.output_logprobs = lp or None
@@ -269,13 +282,19 @@ class Dispatcher:
             await asyncio.shield(release)
 
     @staticmethod
-    def _continued(stitcher: Stitcher, prefix: list[int]):
-        """A resumed copy's feed: its output follows `prefix` in the client's stream."""
-        def feed(output_ids: list[int], reason: dict | None) -> Delta:
+    def _continued(stitcher: Stitcher, offset: int, relayed: bool):
+        """A resumed copy's feeds (relay, main): its output follows the `offset` tokens the client has
+        (`Stitcher.resume`), a length finish counts from the client's start. Only a relayed copy
+        (P->RLD->MD) may hand off."""
+        def feed_main(output_ids: list[int], reason: dict | None) -> Delta:
             if HandoffFinish.from_finish(reason) is not None:
-                raise StitchError("a handoff on a migrated copy")
-            return stitcher.feed_main(prefix + list(output_ids), migration.continued_finish(reason, len(prefix)))
-        return feed
+                raise StitchError("a handoff from a migrated copy that has no relay")
+            return stitcher.feed_main(output_ids, migration.continued_finish(reason, offset))
+
+        def feed_relay(output_ids: list[int], reason: dict | None) -> Delta:
+            handoff = HandoffFinish.from_finish(reason) is not None
+            return stitcher.feed_relay(output_ids, reason if handoff else migration.continued_finish(reason, offset))
+        return (feed_relay if relayed else feed_main), feed_main
 
     def _start(self, calls: list[tuple[str, Peer, dict]]) -> tuple[dict[str, asyncio.Queue], list[asyncio.Task]]:
         """One task per role's copy; RLD's and MD's chunks go to a queue each. P's failure ends the

@@ -9,12 +9,16 @@ from the next token (`continued_finish` keeps a length finish counting from the 
 
 Paths (pure choice, from which roles have a peer in service):
 
-* MD failed: P->MD on another MD; else P->RLD alone; else P->MD on the same MD (it may be back).
+* MD failed: another MD, on the pipeline the router's policy picks for the resumed request and that
+  MD (`may_relay`): P->RLD->MD where the new MD misses much of the prompt plus what was sent (RLD,
+  next to P, goes on at once while the KV crosses the WAN: the migration costs a prefill, not a WAN
+  transfer), P->MD where it holds it; else P->RLD alone; else P->MD on the same MD (it may be back).
   After a stall (no chunk within the idle deadline, or the request timeout) only an MD at another
   site counts as another MD: the WAN to the stalled MD's site may be down, and RLD is next to P.
 * RLD failed (before its handoff): P->MD (MD held the request's KV: its radix cache makes the new
   transfer cheap); else P->RLD on another relay.
-* P failed: P->MD on another P (or P->RLD when no MD is in service).
+* P failed: another P, on the pipeline the policy picks (`may_relay`), or P->RLD when no MD is in
+  service.
 
 Never migrated: a client's error (4xx, from any role), the router's own errors (a malformed chunk,
 a stitching error), constrained decoding after tokens were sent (its grammar would start over), and
@@ -51,6 +55,7 @@ def cause_of(e: BaseException) -> str | None:
 class Decision:
     pipeline: Pipeline | None  # None: do not migrate
     reason: str
+    may_relay: bool = False  # P->MD here may go P->RLD->MD instead, if the pipeline policy says so
 
 
 def decide(failed_role: str, cause: str | None, migrations: int, limit: int, sampling_params: dict,
@@ -65,12 +70,14 @@ def decide(failed_role: str, cause: str | None, migrations: int, limit: int, sam
         return Decision(None, "constrained decoding cannot resume")
     if failed_role == "main":
         if main_ok:
-            return Decision(Pipeline.P_MD, "another main")
+            return Decision(Pipeline.P_MD, "another main", may_relay=relay_ok)
         if relay_ok:
             return Decision(Pipeline.P_RLD, "relay alone (no main in service)")
         return Decision(Pipeline.P_MD, "the same main")
-    if main_ok or not relay_ok:
+    if failed_role == "relay" and main_ok:  # MD held the request's KV: its radix cache makes P->MD cheap
         return Decision(Pipeline.P_MD, "main")
+    if main_ok or not relay_ok:
+        return Decision(Pipeline.P_MD, "main", may_relay=failed_role == "prefill" and relay_ok)
     return Decision(Pipeline.P_RLD, "relay alone (no main in service)")
 
 

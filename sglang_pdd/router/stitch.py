@@ -5,7 +5,9 @@ output then starts over at t1 (its `output_ids` hold the eager tokens it took ov
 client sees t1..tk from RLD, then MD's tokens from index k on. If RLD finishes the request itself
 (EOS, stop, length), its finish is final and MD's stream is ignored. The handoff finish never
 reaches the client. Both feeds take a copy's cumulative `output_ids` (`router.output_view` builds
-them from a server streaming deltas, `--incremental-streaming-output`).
+them from a server streaming deltas, `--incremental-streaming-output`). A migrated copy's outputs
+follow the tokens the client already has (`resume`; `offset`), with a handoff of its own when it
+goes P->RLD->MD.
 
 Text is decoded here from the stitched token IDs (not taken from either server), so a multi-byte
 character whose bytes straddle the handoff comes out whole: text that ends in an incomplete
@@ -70,6 +72,7 @@ class Stitcher:
     handoff_mode: str | None = None  # one-shot or catch-up, as the relay reported it
     finish_reason: dict | None = None
     source: str = "relay"  # which stream feeds the client now
+    offset: int = 0  # tokens sent before the copy feeding the client now (a migrated copy's prefix)
     _main_checked: bool = False
     _text: IncrementalText | None = None
 
@@ -98,15 +101,21 @@ class Stitcher:
         if self.source == "relay" and self.handoff_k is None:
             raise StitchError("main output before the relay handed off")
         if not self._main_checked and self.handoff_k:  # once: MD's first chunk repeats t1..tk
-            if output_ids[: self.handoff_k] != self.ids[: self.handoff_k]:
+            if output_ids[: self.handoff_k] != self.ids[self.offset: self.offset + self.handoff_k]:
                 raise StitchError("main's eager tokens differ from what the relay streamed")
             self._main_checked = True
         return self._advance(output_ids, finish_reason)
 
-    def resume(self) -> None:
-        """A migrated copy feeds the client from here on (through `feed_main`, its output after the
-        tokens already sent): no relay, no eager tokens to check."""
-        self.source, self._main_checked = "main", True
+    def resume(self, relayed: bool = False) -> None:
+        """A migrated copy feeds the client from here on; its outputs (both feeds take them) follow the
+        tokens already sent. Not `relayed` (P->MD, or a relay alone): through `feed_main`. `relayed`
+        (P->RLD->MD): through `feed_relay` until the new relay hands off, then `feed_main`, as a first
+        copy does (`handoff_k` is then the new copy's)."""
+        self.offset = len(self.ids)
+        if relayed:
+            self.source, self.handoff_k, self.handoff_mode, self._main_checked = "relay", None, None, False
+        else:
+            self.source, self._main_checked = "main", True
 
     def direct(self) -> "Stitcher":
         """Use for the P->MD pipeline: MD is the only source from the start."""
@@ -114,9 +123,10 @@ class Stitcher:
         return self
 
     def _advance(self, output_ids: list[int], finish_reason: dict | None) -> Delta:
-        if len(output_ids) < len(self.ids):
-            raise StitchError(f"stream went back from {len(self.ids)} to {len(output_ids)} tokens")
-        new = [int(t) for t in output_ids[len(self.ids):]]
+        have = len(self.ids) - self.offset  # of this copy's output, what the client has
+        if len(output_ids) < have:
+            raise StitchError(f"stream went back from {len(self.ids)} to {self.offset + len(output_ids)} tokens")
+        new = [int(t) for t in output_ids[have:]]
         self.ids.extend(new)
         final = finish_reason is not None
         text = self._text.push(self.ids, final) if new or final else ""

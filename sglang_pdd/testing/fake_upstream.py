@@ -67,6 +67,7 @@ class FakeRole:
     incremental: bool = False  # stream deltas (sglang's --incremental-streaming-output), not cumulative
     behaviour: Callable[[web.Request, dict], Awaitable[web.StreamResponse]] | None = None
     site: str = ""  # main: the router's site of this MD
+    running: float = 0.0  # main: requests running on it as its /metrics would say (other routers' load)
     bodies: list[dict] = field(default_factory=list)
     aborts: list[str] = field(default_factory=list)
 
@@ -159,10 +160,11 @@ class FakeCluster:
     relay: FakeRole = field(default_factory=lambda: FakeRole("relay"))
     main: FakeRole = field(default_factory=lambda: FakeRole("main"))
     main2: FakeRole | None = None  # a second MD (migration, ejection)
+    main3: FakeRole | None = None  # a third (sites)
     servers: list = field(default_factory=list)
 
     async def __aenter__(self) -> "FakeCluster":
-        for r in (self.prefill, self.relay, self.main) + ((self.main2,) if self.main2 else ()):
+        for r in (self.prefill, self.relay, self.main) + self._more_mains():
             s = TestServer(r.app())
             await s.start_server()
             self.servers.append(s)
@@ -173,6 +175,9 @@ class FakeCluster:
         for s in self.servers:
             await s.close()
 
+    def _more_mains(self) -> tuple[FakeRole, ...]:
+        return tuple(r for r in (self.main2, self.main3) if r is not None)
+
     def url(self, i: int) -> str:
         return self.urls[i]
 
@@ -180,8 +185,8 @@ class FakeCluster:
         host = self.servers[1].host
         return (PeerPool("prefill", [Peer(self.url(0), bootstrap_port=1)]),
                 PeerPool("relay", [Peer(self.url(1), token_channel=f"tcp://{host}:1")]),
-                PeerPool("main", [Peer(self.url(2), site=self.main.site)]
-                         + ([Peer(self.url(3), site=self.main2.site)] if self.main2 else [])))
+                PeerPool("main", [Peer(self.url(2 + i), site=r.site, running=r.running)
+                                  for i, r in enumerate((self.main,) + self._more_mains())]))
 
 
 @contextlib.asynccontextmanager

@@ -7,17 +7,20 @@ from sglang_pdd.router import migration
 from sglang_pdd.router.upstream import UpstreamError
 
 
-@pytest.mark.parametrize("role, main_ok, relay_ok, want", [
-    ("main", True, True, Pipeline.P_MD),
-    ("main", False, True, Pipeline.P_RLD),
-    ("main", False, False, Pipeline.P_MD),
-    ("relay", True, False, Pipeline.P_MD),
-    ("relay", False, True, Pipeline.P_RLD),
-    ("prefill", True, True, Pipeline.P_MD),
+@pytest.mark.parametrize("role, main_ok, relay_ok, want, may_relay", [
+    ("main", True, True, Pipeline.P_MD, True),  # another MD; through a relay if the pipeline policy says so
+    ("main", True, False, Pipeline.P_MD, False),
+    ("main", False, True, Pipeline.P_RLD, False),
+    ("main", False, False, Pipeline.P_MD, False),
+    ("relay", True, True, Pipeline.P_MD, False),  # MD holds the KV: straight to it
+    ("relay", True, False, Pipeline.P_MD, False),
+    ("relay", False, True, Pipeline.P_RLD, False),
+    ("prefill", True, True, Pipeline.P_MD, True),
+    ("prefill", True, False, Pipeline.P_MD, False),
 ])
-def test_the_path_after_a_failure(role, main_ok, relay_ok, want):
+def test_the_path_after_a_failure(role, main_ok, relay_ok, want, may_relay):
     d = migration.decide(role, "unreachable", 0, 1, {}, 3, main_ok=main_ok, relay_ok=relay_ok)
-    assert d.pipeline is want
+    assert d.pipeline is want and d.may_relay is may_relay
 
 
 @pytest.mark.parametrize("cause, n, sp, sent", [

@@ -125,11 +125,13 @@ def test_md_cut_mid_stream_on_p_md_goes_on_on_another_md(stream):
     assert health[0] == 200  # one failure of a reachable MD does not eject it
 
 
-def test_md_dead_after_the_handoff_goes_on_on_another_md_with_logprobs():
+def test_md_dead_after_the_handoff_goes_on_p_rld_md_with_another_md_and_logprobs():
+    """--pipeline relay: the migration takes the pipeline any request would, P->RLD->MD on the other MD
+    (RLD goes on at once while the new MD's KV lands; then a second handoff)."""
     async def go():
         async with fu.FakeCluster(main2=fu.FakeRole("main")) as cl:
             cl.relay.behaviour = model(handoff_k=4)
-            cl.main.behaviour, cl.main2.behaviour = model(fail_at=6, eager=4, how="abort"), model()
+            cl.main.behaviour, cl.main2.behaviour = model(fail_at=6, eager=4, how="abort"), model(eager=4)
             return await _post(cl, _body(12, return_logprob=True), pipeline="relay"), cl
 
     (status, text, metrics, _), cl = run(go())
@@ -138,9 +140,26 @@ def test_md_dead_after_the_handoff_goes_on_on_another_md_with_logprobs():
     assert out["output_ids"] == reference(12)
     assert out["meta_info"]["pdd"]["handoff_tokens"] == 4 and out["meta_info"]["pdd"]["migrations"] == 1
     assert [x[1] for x in out["meta_info"]["output_token_logprobs"]] == reference(12)
+    assert [b["input_ids"] for b in cl.relay.bodies] == [PROMPT, PROMPT + reference(6)]  # the relay went on
     assert cl.main2.bodies[0]["input_ids"] == PROMPT + reference(6)
-    assert "custom_params" not in cl.main2.bodies[0]["sampling_params"]  # P->MD: no relay
+    assert "pdd" in cl.main2.bodies[0]["sampling_params"]["custom_params"]  # MD 2 took over from the relay
     assert _migrations(metrics) == {("abort", "completed"): 1}
+
+
+def test_md_dead_after_the_handoff_on_pipeline_direct_goes_on_p_md():
+    """The control: where the policy says P->MD (--pipeline direct), the migration does too."""
+    async def go():
+        async with fu.FakeCluster(main2=fu.FakeRole("main")) as cl:
+            cl.main.behaviour, cl.main2.behaviour = model(fail_at=6, how="abort"), model()
+            return await _post(cl, _body(12, return_logprob=True), pipeline="direct"), cl
+
+    (status, text, metrics, _), cl = run(go())
+    assert status == 200, text
+    out = json.loads(text)
+    assert out["output_ids"] == reference(12) and out["meta_info"]["pdd"]["migrations"] == 1
+    assert [x[1] for x in out["meta_info"]["output_token_logprobs"]] == reference(12)
+    assert cl.main2.bodies[0]["input_ids"] == PROMPT + reference(6) and not cl.relay.bodies
+    assert "custom_params" not in cl.main2.bodies[0]["sampling_params"]  # P->MD: no relay
 
 
 def test_rld_dead_before_the_handoff_goes_on_p_md_on_the_same_md():
@@ -274,6 +293,19 @@ def test_a_silent_md_migrates_after_its_idle_deadline_to_an_md_at_another_site()
     assert status == 200 and json.loads(text)["output_ids"] == reference(8)
     assert _migrations(metrics) == {("idle", "completed"): 1}
     assert cl.main.aborts and len(cl.main2.bodies) == 1 and not cl.relay.bodies
+
+
+def test_a_silent_md_migrates_past_the_mds_of_its_own_site():
+    """MD 1 goes silent; MD 2 shares its site (behind the same WAN), MD 3 is elsewhere and busier: MD 3
+    gets it all the same (the pick by load alone took MD 2)."""
+    async def go():
+        async with fu.FakeCluster(main2=fu.FakeRole("main"), main3=fu.FakeRole("main", site="B2", running=5)) as cl:
+            cl.main.behaviour, cl.main2.behaviour, cl.main3.behaviour = model(fail_at=4, how="hang"), model(), model()
+            return await _post(cl, _body(8), idle_s=0.5), cl
+
+    (status, text, metrics, _), cl = run(go())
+    assert status == 200 and json.loads(text)["output_ids"] == reference(8)
+    assert len(cl.main3.bodies) == 1 and not cl.main2.bodies and not cl.relay.bodies
 
 
 @pytest.mark.parametrize("how", ["hang", "end"])

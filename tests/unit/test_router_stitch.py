@@ -94,3 +94,38 @@ def test_incremental_text_equals_the_whole_decode_for_any_chunking():
         for c in (c for c in cuts if c > k or (k == len(ids) and c == k)):
             out.append(s.feed_main(ids[:c], LENGTH if c == len(ids) else None).text)
         assert "".join(out) == text, (text, k, cuts)
+
+
+def _migrated(relayed: bool) -> Stitcher:
+    """A stitcher whose first copy sent 'hi' (relay 'h', handoff, main 'i'), then failed."""
+    s = Stitcher(byte_decode)
+    s.feed_relay([104], HANDOFF(1))
+    s.feed_main([104, 105], None)
+    s.resume(relayed=relayed)
+    return s
+
+
+def test_a_migrated_relayed_copy_hands_off_again_after_what_was_sent():
+    s = _migrated(relayed=True)  # the new copy's outputs follow 'hi'
+    out = [s.feed_relay([33], None), s.feed_relay([33, 63], HANDOFF(2)), s.feed_main([33, 63, 33], LENGTH)]
+    assert [d.token_ids for d in out] == [[33], [63], [33]] and s.ids == [104, 105, 33, 63, 33]
+    assert "".join(d.text for d in out) == "!?!" and s.handoff_k == 2 and s.finish_reason == LENGTH
+
+
+@pytest.mark.parametrize("feeds, match", [
+    ([("main", [33], None)], "before the relay handed off"),
+    ([("relay", [33, 63], HANDOFF(2)), ("main", [33, 33, 1], None)], "eager tokens differ"),
+    ([("relay", [33, 63], None), ("relay", [33], None)], "went back"),
+])
+def test_a_migrated_relayed_copy_is_checked_as_a_first_one(feeds, match):
+    s = _migrated(relayed=True)
+    with pytest.raises(StitchError, match=match):
+        for which, ids, fin in feeds:
+            (s.feed_relay if which == "relay" else s.feed_main)(ids, fin)
+
+
+def test_a_migrated_copy_without_relay_feeds_main_after_what_was_sent():
+    s = _migrated(relayed=False)
+    assert s.feed_main([33], None).token_ids == [33] and s.ids == [104, 105, 33]
+    with pytest.raises(StitchError, match="relay output after the handoff"):
+        s.feed_relay([33, 63], None)
