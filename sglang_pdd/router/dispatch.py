@@ -231,11 +231,10 @@ class Dispatcher:
         if d.may_relay:  # the resumed request on its new MD, as any request: P->RLD->MD where MD misses much
             resumed = migration.resumed_request(input_ids, sampling_params, stitcher.ids)
             pipe, why = self.choose(resumed[0], int(resumed[1].get("max_new_tokens") or 128), peers["main"], mode=mode)
-            if pipe is Pipeline.P_RLD_MD:
-                peers["relay"] = self.relay.pick(exclude if f.role == "relay" else ())
-                logger.info("migration goes through a relay: %s", why)
-            else:
-                pipe = Pipeline.P_MD
+            if pipe is not Pipeline.P_MD:  # through a relay (P->RLD alone: odd traffic, as for any request)
+                peers["relay"] = self.relay.pick()
+                peers["main"] = peers["main"] if pipe is Pipeline.P_RLD_MD else None
+                logger.info("migration goes %s: %s", pipe.value, why)
         stitcher.resume(relayed=pipe is Pipeline.P_RLD_MD)
         del lp[len(stitcher.ids):]
         return Attempt(pipe, peers, prefix=list(stitcher.ids), migrated=True)
