@@ -228,7 +228,8 @@ class RouterApp:
                         "reason": outcome.reason, "md_hit": outcome.md_hit, "missed_bytes": outcome.missed_bytes,
                         "predicted_wan_s": outcome.predicted_wan_s, "rld_in_flight": outcome.rld_in_flight,
                         "md": outcome.main_choice.public() if outcome.main_choice else None,
-                        "migrations": len(outcome.migrations), "migration_causes": list(outcome.migrations)}}
+                        "migrations": len(outcome.migrations), "migration_causes": list(outcome.migrations),
+                        "migration_pipelines": list(outcome.migration_pipelines)}}
         if outcome.output_logprobs is not None:
             meta["output_token_logprobs"] = outcome.output_logprobs
         return meta

@@ -95,6 +95,7 @@ class Outcome:
     rld_in_flight: int | None = None  # requests in flight on the chosen relay at the decision
     main_choice: MainChoice | None = None  # which MD, and what the choice saw
     migrations: list[str] = field(default_factory=list)  # the cause of each migration, in order
+    migration_pipelines: list[str] = field(default_factory=list)  # the pipeline each migration took
     unmigrated: str | None = None  # the cause of the failure that ended the request unmigrated
 
 
@@ -235,6 +236,7 @@ class Dispatcher:
                 peers["relay"] = self.relay.pick()
                 peers["main"] = peers["main"] if pipe is Pipeline.P_RLD_MD else None
                 logger.info("migration goes %s: %s", pipe.value, why)
+        outcome.migration_pipelines.append(pipe.value)
         stitcher.resume(relayed=pipe is Pipeline.P_RLD_MD)
         del lp[len(stitcher.ids):]
         return Attempt(pipe, peers, prefix=list(stitcher.ids), migrated=True)

@@ -195,6 +195,8 @@ def test_md_killed_after_the_handoff_goes_on_on_the_other_md(cluster, reference_
     identity.check(want, out["output_ids"], "migrated after MD's SIGKILL")
     pdd_meta = out["meta_info"]["pdd"]
     assert killed_at[0] < n and pdd_meta["migrations"] == 1 and pdd_meta["handoff_tokens"] >= EAGER, pdd_meta
+    # --pipeline relay: the rest went P->RLD->MD (RLD next to P streams on while MD 2 gets the KV), a second handoff
+    assert pdd_meta["migration_pipelines"] == ["P->RLD->MD"], pdd_meta
     assert sum(v for (_, outcome), v in migrations(cluster["migrating"].url).items() if outcome == "completed") == 1
     status, health = http_json(cluster["migrating"].url + "/health")
     assert status == 200 and health["out"] == {"main": [cluster["md1"].url]}, health
@@ -239,6 +241,7 @@ def test_rld_killed_before_the_handoff_migrates_and_without_migration_fails_clea
     assert "error" not in ok and "exception" not in ok, ok
     identity.check(want, ok["output_ids"], "migrated after RLD's SIGKILL")
     assert ok["meta_info"]["pdd"]["migrations"] == 1 and ok["meta_info"]["pdd"]["handoff_tokens"] is None
+    assert ok["meta_info"]["pdd"]["migration_pipelines"] == ["P->MD"]  # MD held the KV
     assert "error" in failed and "relay" in failed["error"]["message"], failed
     assert "127.0.0.1" not in json.dumps(failed)
     assert failed["e2e_s"] < 60

@@ -143,6 +143,7 @@ def test_md_dead_after_the_handoff_goes_on_p_rld_md_with_another_md_and_logprobs
     assert [b["input_ids"] for b in cl.relay.bodies] == [PROMPT, PROMPT + reference(6)]  # the relay went on
     assert cl.main2.bodies[0]["input_ids"] == PROMPT + reference(6)
     assert "pdd" in cl.main2.bodies[0]["sampling_params"]["custom_params"]  # MD 2 took over from the relay
+    assert out["meta_info"]["pdd"]["migration_pipelines"] == ["P->RLD->MD"]
     assert _migrations(metrics) == {("abort", "completed"): 1}
 
 
@@ -160,6 +161,7 @@ def test_md_dead_after_the_handoff_on_pipeline_direct_goes_on_p_md():
     assert [x[1] for x in out["meta_info"]["output_token_logprobs"]] == reference(12)
     assert cl.main2.bodies[0]["input_ids"] == PROMPT + reference(6) and not cl.relay.bodies
     assert "custom_params" not in cl.main2.bodies[0]["sampling_params"]  # P->MD: no relay
+    assert out["meta_info"]["pdd"]["migration_pipelines"] == ["P->MD"]
 
 
 def test_rld_dead_before_the_handoff_goes_on_p_md_on_the_same_md():
