@@ -292,9 +292,8 @@ class Dispatcher:
                 raise StitchError("a handoff from a migrated copy that has no relay")
             return stitcher.feed_main(output_ids, migration.continued_finish(reason, offset))
 
-        def feed_relay(output_ids: list[int], reason: dict | None) -> Delta:
-            handoff = HandoffFinish.from_finish(reason) is not None
-            return stitcher.feed_relay(output_ids, reason if handoff else migration.continued_finish(reason, offset))
+        def feed_relay(output_ids: list[int], reason: dict | None) -> Delta:  # a handoff finish passes unchanged
+            return stitcher.feed_relay(output_ids, migration.continued_finish(reason, offset))
         return (feed_relay if relayed else feed_main), feed_main
 
     def _start(self, calls: list[tuple[str, Peer, dict]]) -> tuple[dict[str, asyncio.Queue], list[asyncio.Task]]:

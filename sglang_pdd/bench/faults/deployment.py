@@ -133,9 +133,9 @@ class FaultDeployment:
                 self.call(name, s.wait_ready, timeout_s)
         for name, s in self.servers.items():
             if ROLE_OF.get(name) in ("relay", "main") and s.alive() and name not in self.idle_rows:
-                self.idle_rows[name] = self._rows_free(name, timeout_s)
+                self.idle_rows[name] = self._idle_rows(name, timeout_s)
 
-    def _rows_free(self, name: str, timeout_s: float) -> float:
+    def _idle_rows(self, name: str, timeout_s: float) -> float:
         """Rows free when idle: all of them (`total`). Not the first `free` published: sglang's /health
         runs a one-token request that holds a row for a moment, and a baseline read then is one short."""
         deadline = time.monotonic() + timeout_s
