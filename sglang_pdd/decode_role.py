@@ -1,25 +1,31 @@
-"""DecodeRole: what sglang's decode scheduler hooks (`hooks/decode.py`) ask of a PDD decode runtime.
+"""DecodeRole: what sglang's decode scheduler asks of a PDD decode runtime.
 
-RelayDecode's `RelayRuntime` and MainDecode's `MainRuntime` implement it; every hook calls one method.
+RelayDecode's `RelayRuntime` and MainDecode's `MainRuntime` implement it. sglang calls it through the
+decode scheduler hooks (`hooks/decode.py`, stock sglang) or through its decode scheduler extension
+(`decode_extension.py`, sglang with patch 0003); either entry calls one method per call site.
 The lifecycle, per scheduler (attn-TP rank 0):
 
     start                      once, after construction
-    admit                      each request sglang queued (not a retracted one)
+    take_request               each request sglang queued (not a retracted one): `admit`, guarded
     after_process_decode_queue each iteration, after sglang's own; publishes gauges at a bounded rate
     next_batch                 at batch selection: a batch of the role's own to run instead, or None
     on_batch_result            before sglang processes a batch's result; True: the role consumed it
     settle_idle                when sglang finds nothing to run: may the scheduler idle?
-    on_abort_request           after sglang's abort_request
+    after_abort_request        after sglang's abort_request: `on_abort_request` with the AbortReq's fields
 
 The role-specific methods below default to doing nothing.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
 from sglang_pdd import metrics
+from sglang_pdd.request_errors import end_queued
+
+logger = logging.getLogger(__name__)
 
 PUBLISH_EVERY_S = 0.25  # the loop can spin: gauges are not free
 
@@ -63,12 +69,25 @@ class DecodeRole:
         """This role's own gauges (the pool gauges are published for every role)."""
 
     # -- common to both roles --------------------------------------------------------------------
+    def take_request(self, req: Any) -> None:
+        """`admit`; whatever it raises is this request's problem: it ends with a 500, the scheduler goes on."""
+        try:
+            self.admit(req)
+        except Exception as e:
+            logger.exception("request %s: sglang-pdd could not take it", req.rid)
+            end_queued(req, f"pdd: internal error taking the request: {type(e).__name__}: {e}", status_code=500)
+
     def after_process_decode_queue(self) -> None:
         """`poll`, then the gauges when the last publish is older than PUBLISH_EVERY_S."""
         self.poll()
         now = self._active_at = time.monotonic()
         if now - self._published_at >= PUBLISH_EVERY_S:
             self._publish(now)
+
+    def after_abort_request(self, recv_req: Any) -> None:
+        """sglang's AbortReq, after sglang ended what its own queues hold: the role ends what it holds."""
+        self.on_abort_request(recv_req.rid, getattr(recv_req, "abort_message", None),
+                              abort_all=bool(getattr(recv_req, "abort_all", False)))
 
     def settle_idle(self) -> bool:
         """Whether the scheduler may idle; going idle, the gauges show the final state, not one 0.25 s old."""

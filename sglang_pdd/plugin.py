@@ -112,7 +112,7 @@ class Capability:
     sglang_pdd.hooks, next to the hooks it replaces; empty when sglang needs nothing from the
     plugin) is called once by `load()` to hand the plugin's code to the extension point. `load()`
     logs which path each capability takes. Only capabilities the plugin fully serves through the
-    extension point are listed; the ledger's other retirements are still served by their hooks.
+    extension point are listed.
     """
 
     name: str
@@ -138,6 +138,16 @@ CAPABILITIES: tuple[Capability, ...] = (
                f"{_SRT}.disaggregation.prefill:set_kv_destinations_provider",
                (f"{_SRT}.disaggregation.prefill.PrefillBootstrapQueue.create_sender",),
                use="prefill:use_destinations_provider"),
+    # RLD's and MD's runtime is sglang's decode scheduler extension, called where the six hooks were
+    Capability("decode scheduler extension", "0003",
+               f"{_SRT}.disaggregation.decode_extension:set_decode_scheduler_extension",
+               (f"{_SRT}.managers.scheduler.Scheduler._add_request_to_queue",
+                f"{_SRT}.managers.scheduler.Scheduler.process_decode_queue",
+                f"{_SRT}.managers.scheduler.Scheduler.get_next_disagg_decode_batch_to_run",
+                f"{_SRT}.managers.scheduler.Scheduler.process_batch_result",
+                f"{_SRT}.managers.scheduler.Scheduler.is_fully_idle",
+                f"{_SRT}.managers.scheduler.Scheduler.abort_request"),
+               use="decode:use_decode_extension"),
     # MD's landing offer travels as a named extension of its metadata message; P reads it back
     Capability("transfer-metadata extensions", "0004",
                f"{_SRT}.disaggregation.base.metadata_extensions:register_transfer_metadata_extension",

@@ -1,54 +1,29 @@
 """Decode scheduler hooks shared by RelayDecode and MainDecode; each delegates to its role's runtime.
 
 Without a PDD role (or on prefill) every body returns at once and sglang runs unchanged.
+
+On sglang with patch 0003 none of these six is registered (plugin.CAPABILITIES): `use_decode_extension`
+makes sglang's decode scheduler call the same runtime through its extension point
+(sglang_pdd.decode_extension), at the same six places.
 """
 
 from __future__ import annotations
 
-import logging
-
-from sglang_pdd.config import PddConfig
-from sglang_pdd.decode_role import DecodeRole
-from sglang_pdd.request_errors import end_queued
-from sglang_pdd.roles import Role
-from sglang_pdd.test_switches import for_process
-
-logger = logging.getLogger(__name__)
-
-_UNSET = object()
+from sglang_pdd import decode_extension
+from sglang_pdd.decode_runtime import current, runtime
 
 
-def runtime(scheduler) -> DecodeRole | None:
-    """The scheduler's RelayRuntime / MainRuntime, created and started on first use; None when inert."""
-    rt = getattr(scheduler, "_pdd_runtime", _UNSET)
-    if rt is not _UNSET:
-        return rt
-    rt = None
-    cfg = PddConfig.from_env()
-    if cfg.role in (Role.RELAY, Role.MAIN) and getattr(scheduler, "attn_tp_rank", 0) == 0:
-        secret = cfg.secret()
-        if cfg.role is Role.RELAY:
-            from sglang_pdd.relay.runtime import RelayRuntime
+def use_decode_extension() -> None:
+    """Patch 0003's extension point: sglang creates our extension with each decode scheduler."""
+    from sglang.srt.disaggregation.decode_extension import set_decode_scheduler_extension
 
-            rt = RelayRuntime(scheduler, cfg, secret, for_process())
-        else:
-            from sglang_pdd.main.runtime import MainRuntime  # torch and the kernels only in a MainDecode process
-
-            rt = MainRuntime(scheduler, cfg, secret, for_process())
-        rt.start()
-    scheduler._pdd_runtime = rt
-    return rt
+    set_decode_scheduler_extension(decode_extension.create)
 
 
 def after_add_request_to_queue(_result, scheduler, req, is_retracted=False, *a, **kw) -> None:
     rt = runtime(scheduler)
-    if rt is None or is_retracted:
-        return
-    try:
-        rt.admit(req)
-    except Exception as e:  # this request's problem: it ends with an error, the scheduler goes on
-        logger.exception("request %s: sglang-pdd could not take it", req.rid)
-        end_queued(req, f"pdd: internal error taking the request: {type(e).__name__}: {e}", status_code=500)
+    if rt is not None and not is_retracted:
+        rt.take_request(req)
 
 
 def around_process_decode_queue(original, scheduler, *a, **kw):
@@ -68,12 +43,13 @@ def around_get_next_disagg_decode_batch_to_run(original, scheduler, running_batc
         return original(scheduler, running_batch, *a, **kw)
     from sglang.srt.managers.schedule_batch import NextBatchPlan
 
+    batch = scheduler.dp_attn_adapter.maybe_prepare_mlp_sync_batch(batch)  # as sglang does with patch 0003
     return NextBatchPlan(batch_to_run=batch, running_batch=running_batch)
 
 
 def around_process_batch_result(original, scheduler, batch, result, *a, **kw):
     """A catch-up chunk's EXTEND is MainDecode's: it only wrote KV (see MainRuntime.on_batch_result)."""
-    rt = getattr(scheduler, "_pdd_runtime", None)
+    rt = current(scheduler)
     if rt is not None and rt.on_batch_result(batch, result):
         return None
     return original(scheduler, batch, result, *a, **kw)
@@ -89,5 +65,4 @@ def after_is_fully_idle(result, scheduler, *a, **kw):
 def after_abort_request(_result, scheduler, recv_req, *a, **kw) -> None:
     rt = runtime(scheduler)
     if rt is not None:
-        rt.on_abort_request(recv_req.rid, getattr(recv_req, "abort_message", None),
-                            abort_all=bool(getattr(recv_req, "abort_all", False)))
+        rt.after_abort_request(recv_req)

@@ -1,11 +1,13 @@
 """`/get_server_info` of a PDD server (`internal_states[i]`): which path the plugin took per capability
-of patches/ (every role, process_state.capabilities) and P's pool state for leak checks
-(transfer.pool_state). Inert on a server without `--pdd-role`."""
+of patches/ (every role, process_state.capabilities), which entry serves RLD's or MD's decode runtime
+(decode_extension.path: sglang's decode scheduler extension or the hooks), and P's pool state for
+leak checks (transfer.pool_state). Inert on a server without `--pdd-role`."""
 
 from __future__ import annotations
 
 import functools
 
+from sglang_pdd import decode_extension
 from sglang_pdd.config import PddConfig
 from sglang_pdd.process_state import capabilities, fanout
 from sglang_pdd.transfer import pool_state
@@ -22,6 +24,9 @@ def after_get_internal_state(result, controller, *args, **kwargs):
         return result
     if _active():
         state[capabilities.KEY] = dict(capabilities.CHOSEN)
+        decode_path = decode_extension.path(controller.scheduler)
+        if decode_path is not None:
+            state[decode_extension.KEY] = decode_path
     if fanout.builder() is not None:
         state[pool_state.KEY] = pool_state.prefill_pool_state(controller.scheduler)
     return result

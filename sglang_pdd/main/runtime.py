@@ -199,11 +199,11 @@ class MainRuntime(DecodeRole):
     # -- batch selection ----------------------------------------------------------------------
     def next_batch(self, running_batch):
         """(handoff or catch-up EXTEND or None, running batch); the EXTEND's attention may take the
-        handoff kernel (armed until its result, or the next selection)."""
+        handoff kernel (armed until its result, or the next selection). The caller prepares the batch
+        for DP attention as its own (sglang with patch 0003; the stock hook)."""
         self.attention.disarm()  # last round's handoff batch has run
         batch, running_batch = self._select(running_batch)
         if batch is not None:
-            batch = self.scheduler.dp_attn_adapter.maybe_prepare_mlp_sync_batch(batch)
             cpu = self.switches.on and self.switches.knobs().handoff_kernel_cpu
             self.attention.arm(batch, batch.batch_size(), policy=CPU_TEST_POLICY if cpu else None)
         return batch, running_batch

@@ -1,9 +1,10 @@
 """The plugin on sglang with patches/ applied, end to end: P, RLD and MD (packed WAN path on) and two
 routers start with a patched copy of the installed sglang first on PYTHONPATH
 (sglang_pdd.testing.patched_sglang), so the plugin takes the series' extension points instead of
-the hooks they retire (plugin.CAPABILITIES). Every server reports that choice in /get_server_info;
-token identity against a single (stock) server, with a handoff, P's fan-out to RLD and MD and the
-packed main leg each observed on the servers' counters, is the proof. One cluster for the module
+the hooks they retire (plugin.CAPABILITIES). Every server reports that choice in /get_server_info,
+and RLD and MD that sglang's decode scheduler extension (patch 0003) serves their runtime, the six
+decode hooks being unregistered; token identity against a single (stock) server, with a handoff,
+P's fan-out to RLD and MD and the packed main leg each observed on the servers' counters, is the proof. One cluster for the module
 (CI time): about 2 minutes with its start-up.
 """
 
@@ -15,7 +16,7 @@ import time
 
 import pytest
 
-from sglang_pdd import plugin
+from sglang_pdd import decode_extension, plugin
 from sglang_pdd.process_state.capabilities import KEY as CAPABILITIES_KEY
 from sglang_pdd.testing import identity, patched_sglang
 from sglang_pdd.testing.client import greedy_body
@@ -90,10 +91,12 @@ def generate(c, pipeline: str, reference_server, ids) -> tuple[dict, dict, dict]
 def test_every_server_takes_the_extension_points(cluster):
     want = {c.name: True for c in plugin.CAPABILITIES}
     pdd = cluster["pdd"]
-    for server in (pdd.prefill, pdd.relay, pdd.main):
+    for server, decode_path in ((pdd.prefill, None), (pdd.relay, "extension"), (pdd.main, "extension")):
         status, info = http_json(server.url + "/get_server_info")
         assert status == 200, info
-        assert info["internal_states"][0][CAPABILITIES_KEY] == want, (server.name, info["internal_states"][0])
+        state = info["internal_states"][0]
+        assert state[CAPABILITIES_KEY] == want, (server.name, state)
+        assert state.get(decode_extension.KEY) == decode_path, (server.name, state)  # RLD's, MD's runtime
 
 
 def test_relayed_request_is_token_identical_through_the_fanout_and_the_packed_main_leg(

@@ -6,6 +6,10 @@ Checks that the plugin serves each ported capability through sglang's own classe
   malformed `pdd` parameter is a 400 whose rooms P refuses;
 * 0004: MD's landing offer, registered as a transfer-metadata extension, travels in sglang's
   metadata message and P's sender finds it in `TransferInfo.extensions`, with no hook;
+* 0003: sglang's decode scheduler builds the plugin's `DecodeExtension` for a relay or main
+  scheduler (none for a plain decode), and its six call sites reach the decode runtime: a queued
+  request admitted, a poll after the decode queues, the runtime's batch run first, its result
+  consumed, its held work keeping the scheduler busy, an abort passed on;
 * 0005: the plugin's idle wait is sglang's `IdleWaiter`: a socket the token channel watches and the
   plugin's wake-ups end sglang's wait, and `--pdd-idle-wait-ms` becomes sglang's `--idle-wait-ms`.
 Prints "PLUGIN CHECKS OK" and exits 0 when every check holds.
@@ -135,6 +139,81 @@ def check_destinations_provider() -> None:
     print("0002: P's fan-out is sglang's KV destinations provider")
 
 
+def check_decode_extension() -> None:
+    from unittest.mock import MagicMock
+
+    from sglang.srt.disaggregation.decode import SchedulerDisaggregationDecodeMixin as DecodeMixin
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+    from sglang.srt.managers.io_struct import AbortReq
+    from sglang.srt.managers.scheduler import Scheduler
+
+    from sglang_pdd import decode_extension, metrics
+    from sglang_pdd.decode_role import DecodeRole
+
+    class Role(DecodeRole):  # stands for RelayRuntime / MainRuntime: records what sglang asks of it
+        role = "main"
+
+        def __init__(self, scheduler):
+            super().__init__(scheduler)
+            self.calls, self.batch, self.held = [], MagicMock(reqs=[]), False
+
+        def admit(self, req):
+            self.calls.append(("admit", req.rid))
+
+        def poll(self):
+            self.calls.append(("poll",))
+
+        def next_batch(self, running_batch):
+            return self.batch, running_batch
+
+        def on_batch_result(self, batch, result):
+            return batch is self.batch
+
+        def busy(self):
+            return self.held
+
+        def on_abort_request(self, rid, message, abort_all=False):
+            self.calls.append(("abort", rid, message))
+
+    metrics.publish_pool_state = lambda role, scheduler: None
+    plugin.use_capabilities()
+    decode = dict(disaggregation_mode=DisaggregationMode.DECODE, scheduler_stage_metrics=None)
+    plain = SimpleNamespace(**decode)  # a decode server without --pdd-role: no extension
+    Scheduler.init_decode_scheduler_extension(plain)
+    assert plain.decode_extension is None and decode_extension.path(plain) is None
+    s = MagicMock(**decode, waiting_queue=[], chunked_req=None, mm_receiver=None, dllm_config=None,
+                  enable_overlap=False, last_batch=None, decode_offload_manager=None, enable_hisparse=False,
+                  enable_hierarchical_cache=False, enable_lmcache=False, _engine_paused=False)
+    s._pdd_runtime = role = Role(s)  # MD's runtime (decode_runtime.runtime finds it)
+    Scheduler.init_decode_scheduler_extension(s)
+    assert isinstance(s.decode_extension, decode_extension.DecodeExtension) and s.decode_extension.role is role
+    assert decode_extension.path(s) == "extension"
+    s._set_or_validate_priority.return_value = True
+    Scheduler._add_request_to_queue(s, SimpleNamespace(rid="a", finished=lambda: False, time_stats=MagicMock()))
+    s._process_decode_queues = lambda: role.calls.append(("queues",))
+    DecodeMixin.process_decode_queue(s)
+    s.dp_attn_adapter.maybe_prepare_mlp_sync_batch.side_effect = lambda b: b
+    running = MagicMock()
+    plan = DecodeMixin.get_next_disagg_decode_batch_to_run(s, running)
+    assert plan.batch_to_run is role.batch and plan.running_batch is running
+    Scheduler.process_batch_result(s, role.batch, "result")  # a catch-up chunk's: consumed
+    assert not s.publish_load_snapshot.called and not s.batch_result_processor.process_batch_result_decode.called
+    s.running_batch.is_empty.return_value, s.waiting_queue, s.grammar_manager.grammar_queue = True, [], []
+    s.dllm_manager.any_staging_reqs.return_value = False
+    s._pp_microbatches_drained.return_value = True
+    for q in (s.disagg_decode_prealloc_queue, s.disagg_decode_transfer_queue):
+        q.queue, q.retracted_queue = [], []
+    s.disagg_decode_transfer_queue.has_pending_deferred_releases.return_value = False
+    role.held = True
+    assert Scheduler.is_fully_idle(s) is False  # a held request
+    role.held = False
+    assert Scheduler.is_fully_idle(s) is True
+    s.collect_inflight_reqs.return_value = []
+    Scheduler.abort_request(s, AbortReq(rid="a", abort_message="client left"))
+    assert role.calls == [("admit", "a"), ("queues",), ("poll",), ("abort", "a", "client left")], role.calls
+    print("0003: sglang's decode scheduler calls the decode runtime through the plugin's extension")
+
+
 def check_idle_wait() -> None:
     import os
 
@@ -172,6 +251,7 @@ def main() -> int:
     check_capabilities()
     check_landing_extension()
     check_destinations_provider()
+    check_decode_extension()
     check_idle_wait()
     print("PLUGIN CHECKS OK")
     return 0

@@ -9,6 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_pdd.config import PddConfig
+from sglang_pdd.decode_extension import DecodeExtension
+from sglang_pdd.decode_role import DecodeRole
 from sglang_pdd.hooks import decode as decode_hooks
 from sglang_pdd.main.runtime import MainRuntime
 from sglang_pdd.protocol.request import RequestParams
@@ -128,15 +130,19 @@ def test_malformed_parameters_end_that_request_with_a_400(main):
     assert req.error()["status_code"] == 400 and "relay" in req.error()["message"]
 
 
-class Exploding:
+class Exploding(DecodeRole):
     def admit(self, req):
         raise RuntimeError("boom")
 
 
-def test_any_exception_while_taking_a_request_ends_that_request_not_the_scheduler():
-    scheduler = SimpleNamespace(_pdd_runtime=Exploding())
+@pytest.mark.parametrize("entry", ["hook", "extension"])
+def test_any_exception_while_taking_a_request_ends_that_request_not_the_scheduler(entry):
+    scheduler = SimpleNamespace(_pdd_runtime=Exploding(None))
     req = Req("h")
-    decode_hooks.after_add_request_to_queue(None, scheduler, req)
+    if entry == "hook":  # stock sglang
+        decode_hooks.after_add_request_to_queue(None, scheduler, req)
+    else:  # sglang's decode scheduler extension (patch 0003)
+        DecodeExtension(scheduler._pdd_runtime).on_request_queued(req)
     err = req.error()
     assert err["type"] == "abort" and "RuntimeError: boom" in err["message"]
 

@@ -66,7 +66,7 @@ def test_every_capability_hands_the_plugin_a_callable_or_needs_none():
     for cap in plugin.CAPABILITIES:
         use = cap.resolve_use()
         assert use is None or callable(use), cap
-    assert [c.patch for c in plugin.CAPABILITIES if c.use] == ["0002", "0004", "0005"]
+    assert [c.patch for c in plugin.CAPABILITIES if c.use] == ["0002", "0003", "0004", "0005"]
 
 
 def test_the_ledger_covers_every_hook_and_counts_the_ported_retirements():
