@@ -1,10 +1,13 @@
 """What each PDD role is proven with; a role started with anything else exits at start-up.
 
-RelayDecode and MainDecode end and take over requests between two decode steps of sglang's
-non-overlap scheduler loop, in one scheduler per server (the token channel, the handoff tables and
-the held requests live in the attention-TP rank 0 scheduler). Until they are proven elsewhere they
-run only with `--disable-overlap-schedule`, TP 1, no PP, no data parallelism (replicas or DP
-attention). Every role's transfer hooks are Mooncake's (`mooncake`, `mooncake_tcp`).
+RelayDecode and MainDecode end and take over requests between two decode steps, in one scheduler
+per server (the token channel, the handoff tables and the held requests live in the attention-TP
+rank 0 scheduler). Both of sglang's decode loops are proven: the non-overlap loop and the overlap
+loop (sglang's default), where a batch's result is processed after the next batch is launched (a
+handoff ends a request as sglang's own finish does, its in-flight token dropped; a catch-up chunk's
+result is matched by its requests, not by the batch object: docs/overlap.md). Until they are proven
+elsewhere the decode roles run only at TP 1, no PP, no data parallelism (replicas or DP attention).
+Every role's transfer hooks are Mooncake's (`mooncake`, `mooncake_tcp`).
 
 `unsupported(cfg, args)` reads sglang's parsed flags (an argparse namespace or ServerArgs) and
 returns one line per problem, each naming the flag and what to do.
@@ -37,9 +40,6 @@ def unsupported(cfg: PddConfig, args: Any) -> list[str]:
     if cfg.role is Role.PREFILL:
         return out
     why = "a handoff ends a request between two decode steps of one scheduler"
-    if not getattr(args, "disable_overlap_schedule", False):
-        out.append(f"{role} runs only with sglang's non-overlap scheduler ({why}; the overlap loop, sglang's "
-                   "default, does not guarantee it): add --disable-overlap-schedule")
     for flag, name in (("--tp-size", "tp_size"), ("--pp-size", "pp_size"), ("--dp-size", "dp_size"),
                        ("--attn-dp-size", "attn_dp_size")):
         if _int(args, name) > 1:

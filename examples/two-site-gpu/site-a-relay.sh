@@ -2,9 +2,8 @@
 # Cluster A: RelayDecode (RLD). Gets P's KV at once, streams the first ("eager") tokens, then hands the
 # request to MD by token IDs over its token channel (PDD_TOKEN_PORT on PDD_RELAY_HOST, reached from MD).
 #
-# Proven only with sglang's non-overlap scheduler at TP 1: the handoff ends a request between two
-# decode steps, which the overlap loop does not guarantee. Hence --disable-overlap-schedule --tp-size 1
-# (not configurable here).
+# Proven at TP 1, with sglang's default overlap scheduler or without it: hence --tp-size 1 (not
+# configurable here).
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -13,7 +12,7 @@ pdd_secret
 pdd_server_args
 pdd_transport
 PDD_ARGS+=(
-  --host "$PDD_RELAY_HOST" --port "$PDD_RELAY_PORT" --tp-size 1 --disable-overlap-schedule
+  --host "$PDD_RELAY_HOST" --port "$PDD_RELAY_PORT" --tp-size 1
   --disaggregation-mode decode
   --pdd-role relay --pdd-token-port "$PDD_TOKEN_PORT" --pdd-handoff-timeout "$PDD_HANDOFF_TIMEOUT_S"
 )

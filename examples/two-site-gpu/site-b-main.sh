@@ -3,8 +3,8 @@
 # takes relayed requests over from RLD with one EXTEND over the eager tokens, and publishes its cache's
 # KV events for the router's exact view (PDD_KV_EVENTS_PORT, replay on PDD_KV_REPLAY_PORT).
 #
-# Proven only with sglang's non-overlap scheduler at TP 1 (no DP attention, no speculative decoding):
-# hence --disable-overlap-schedule --tp-size 1 (not configurable here).
+# Proven at TP 1 (no DP attention, no speculative decoding), with sglang's default overlap scheduler or
+# without it: hence --tp-size 1 (not configurable here).
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -15,7 +15,7 @@ pdd_transport
 kv_events=$(printf '{"publisher": "zmq", "endpoint": "tcp://*:%s", "replay_endpoint": "tcp://*:%s"}' \
   "$PDD_KV_EVENTS_PORT" "$PDD_KV_REPLAY_PORT")
 PDD_ARGS+=(
-  --host "$PDD_MAIN_HOST" --port "$PDD_MAIN_PORT" --tp-size 1 --disable-overlap-schedule
+  --host "$PDD_MAIN_HOST" --port "$PDD_MAIN_PORT" --tp-size 1
   --disaggregation-mode decode --disaggregation-decode-enable-radix-cache
   --kv-events-config "$kv_events"
   --pdd-role main --pdd-handoff-mode "$PDD_HANDOFF_MODE" --pdd-packed-wan "$PDD_PACKED_WAN"

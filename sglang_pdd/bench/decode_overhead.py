@@ -1,16 +1,17 @@
 """What the plugin costs a decode step: MainDecode (`--pdd-role main`) against plain sglang decode.
 
-    python -m sglang_pdd.bench.decode_overhead [--batch 8] [--tokens 256] [--repeat 3] [--json OUT]
+    python -m sglang_pdd.bench.decode_overhead [--batch 8] [--tokens 256] [--repeat 3] [--with-overlap] [--json OUT]
 
-One plain prefill server feeds two decode servers on loopback, identical but for `--pdd-role main`
-(both with the decode radix cache, as MD runs): `plain` and `main`. Each repeat sends the same batch
-of `--batch` concurrent requests (P->decode, greedy, exactly `--tokens` output tokens each) to
-`plain`, then to `main` (ABAB over repeats). Decode throughput of a batch = output tokens after each
-request's first / (last chunk of any request - first chunk of any request), from the streams the
-decode servers send. Printed: each server's median (min-max) and `main / plain` per repeat. On CPU
-the ratio says what the plugin's per-step hooks cost; run the same script on a GPU box for the
-figure that matters. MD refuses sglang's overlap scheduler (`supported.py`), so only the non-overlap
-loop is compared; `--with-overlap` adds plain decode with the overlap scheduler as a third row.
+One plain prefill server feeds decode servers on loopback that are identical but for `--pdd-role main`
+(all with the decode radix cache, as MD runs, and the same idle wait, `--pdd-idle-wait-ms`, so the
+comparison is of the hooks, not of spinning): `plain` and `main` on sglang's non-overlap loop and, with
+`--with-overlap`, `plain-overlap` and `main-overlap` on its overlap loop (sglang's default). Each repeat
+sends the same batch of `--batch` concurrent requests (P->decode, greedy, exactly `--tokens` output
+tokens each) to every server, one server at a time, in an order that alternates between repeats (ABBA).
+Decode throughput of a batch = output tokens after each request's first / (last chunk of any request -
+first chunk of any request), from the streams the decode servers send. Printed: each server's median
+(min-max) and its ratio to the plain server of the same loop, per repeat. On CPU the ratio says what
+the plugin's per-step hooks cost; run the same script on a GPU box for the figure that matters.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ import statistics
 import sys
 import threading
 import time
-from dataclasses import dataclass
 
 from sglang_pdd.testing.client import generate, greedy_body, sse_chunks
+from sglang_pdd.config import ROLE_IDLE_WAIT_MS
 from sglang_pdd.testing.launch_args import ServerConfig
 from sglang_pdd.testing.prompts import PromptMaker
 from sglang_pdd.testing.servers import ServerGroup, free_port
@@ -34,12 +35,12 @@ from sglang_pdd.testing.tiny_model import build_cached
 HOST = "127.0.0.1"
 
 
-@dataclass
-class OverlapConfig(ServerConfig):
-    """A ServerConfig whose server runs sglang's overlap scheduler (its default)."""
+IDLE_WAIT_MS = ROLE_IDLE_WAIT_MS  # MD's default; the plain servers get the same
 
-    def argv(self) -> list[str]:
-        return [a for a in super().argv() if a != "--disable-overlap-schedule"]
+
+def baseline(name: str) -> str:
+    """The plain server a decode server is compared with: the one on the same scheduler loop."""
+    return "plain-overlap" if name.endswith("overlap") else "plain"
 
 
 def batch_throughput(prefill: str, decode: str, boot: int, prompts: list[list[int]], tokens: int) -> float:
@@ -81,16 +82,16 @@ def run(args) -> dict:
     boot = free_port()
     common = dict(model=model, host=HOST, bootstrap_port=boot, max_running_requests=max(8, args.batch),
                   env={"SGLANG_PDD_SECRET": secrets.token_hex(16)})  # MD's (its token channel; no relay here)
-    decodes = {"plain": ServerConfig, "main": ServerConfig}
-    if args.with_overlap:
-        decodes["plain-overlap"] = OverlapConfig
+    decodes = ["plain", "main"] + (["plain-overlap", "main-overlap"] if args.with_overlap else [])
     with ServerGroup(args.log_dir) as g:
         p = g.start("prefill", ServerConfig(port=free_port(), nccl_port=free_port(), mode="prefill", **common))
         servers = {}
-        for name, cls in decodes.items():
-            extra = ["--pdd-role", "main"] if name == "main" else []
-            servers[name] = g.start(name, cls(port=free_port(), nccl_port=free_port(), mode="decode",
-                                              decode_radix_cache=True, extra=extra, **common))
+        for name in decodes:
+            extra = ["--pdd-role", "main"] if name.startswith("main") else []
+            servers[name] = g.start(name, ServerConfig(
+                port=free_port(), nccl_port=free_port(), mode="decode", decode_radix_cache=True,
+                overlap=name.endswith("overlap"), extra=extra + ["--pdd-idle-wait-ms", f"{IDLE_WAIT_MS:g}"],
+                **common))
         for s in (p, *servers.values()):
             s.wait_ready()
         figures: dict[str, list[float]] = {name: [] for name in servers}
@@ -99,20 +100,23 @@ def run(args) -> dict:
             batch_throughput(p.url, s.url, boot, warm, 8)
         for r in range(args.repeat):
             prompts = [pm.ids(args.prompt, seed=100 * r + i) for i in range(args.batch)]
-            for name, s in servers.items():  # the same prompts, in the same order, on every server
+            order = list(servers.items()) if r % 2 == 0 else list(servers.items())[::-1]
+            for name, s in order:  # the same prompts, in the same order, on every server
                 figures[name].append(batch_throughput(p.url, s.url, boot, prompts, args.tokens))
                 print(f"repeat {r + 1}: {name} {figures[name][-1]:.1f} tok/s", file=sys.stderr, flush=True)
     return {"batch": args.batch, "tokens": args.tokens, "prompt": args.prompt, "repeat": args.repeat,
-            "tok_per_s": figures, "main_over_plain": [m / b for m, b in zip(figures["main"], figures["plain"])]}
+            "tok_per_s": figures, "idle_wait_ms": IDLE_WAIT_MS,
+            "main_over_plain": {name: [m / b for m, b in zip(xs, figures[baseline(name)])]
+                                for name, xs in figures.items() if name.startswith("main")}}
 
 
 def table(res: dict) -> str:
     lines = [f"decode throughput, batch {res['batch']} x {res['tokens']} tokens (prompts of {res['prompt']}), "
-             f"{res['repeat']} repeats, median (min-max):", "| decode server | tok/s | vs plain, per repeat |",
-             "|---|---|---|"]
-    plain = res["tok_per_s"]["plain"]
+             f"{res['repeat']} repeats, idle wait {res.get('idle_wait_ms', IDLE_WAIT_MS):g} ms on every server, "
+             "median (min-max):", "| decode server | tok/s | vs plain on the same loop, per repeat |", "|---|---|---|"]
     for name, xs in res["tok_per_s"].items():
-        ratios = " / ".join(f"{x / b:.3f}" for x, b in zip(xs, plain))
+        base = res["tok_per_s"][baseline(name)]
+        ratios = " / ".join(f"{x / b:.3f}" for x, b in zip(xs, base))
         lines.append(f"| {name} | {statistics.median(xs):.1f} ({min(xs):.1f}-{max(xs):.1f}) | {ratios} |")
     return "\n".join(lines)
 
@@ -123,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--prompt", type=int, default=200, help="prompt tokens per request")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--with-overlap", action="store_true", help="add plain decode with the overlap scheduler")
+    ap.add_argument("--with-overlap", action="store_true", help="add plain and main decode on sglang's overlap scheduler")
     ap.add_argument("--log-dir", default=".artifacts/decode-overhead")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)

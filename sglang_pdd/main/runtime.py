@@ -38,8 +38,9 @@ class MainRuntime(DecodeRole):
                                    kv_timeout_s=cfg.kv_timeout, record=_record)
         self.attention = attention
         self.last_extend = None  # the EXTEND batch that ran last iteration, merged on the next one
-        self.chunk_batch = None  # this iteration's catch-up EXTEND, with its Pending items
-        self._chunk_items: list = []
+        # catch-up EXTENDs whose result is not taken yet, by their requests (under the overlap
+        # scheduler a result arrives one iteration late, for a copy of the batch)
+        self._chunks: dict[tuple[int, ...], list] = {}
         self._registered: set[int] = set()
         self.switches = switches
         self._drop_after_extend: list = []  # negative control: (req, n, k) whose eager KV is discarded
@@ -144,24 +145,24 @@ class MainRuntime(DecodeRole):
         self._publish_held()
 
     def busy(self) -> bool:
-        return bool(self.handoff.pending) or self.last_extend is not None
+        return bool(self.handoff.pending) or self.last_extend is not None or bool(self._chunks)
 
     # -- catch-up chunks: their EXTEND writes KV and nothing else ---------------------------------
     def on_batch_result(self, batch, result) -> bool:
         """The handoff attention's armed window ends; a catch-up chunk's result is consumed here."""
         self.attention.disarm(batch)
-        if batch is None or batch is not self.chunk_batch:
+        items = self._chunks.pop(_chunk_key(batch), None) if batch is not None and self._chunks else None
+        if items is None:
             return False
-        self._on_chunk_result(result)
+        self._on_chunk_result(result, items)
         return True
 
-    def _on_chunk_result(self, result) -> None:
+    def _on_chunk_result(self, result, items: list) -> None:
         """Instead of sglang's result processing: the sampled token is dropped (RLD's next token is
         what counts), nothing is streamed, and the requests go back to waiting for tokens."""
         copy_done = getattr(result, "copy_done", None)
         if copy_done is not None:
             copy_done.synchronize()
-        items, self.chunk_batch, self._chunk_items = self._chunk_items, None, []
         md_batch = self.md_batch()
         for p in items:
             if p.req.finished():
@@ -249,7 +250,7 @@ class MainRuntime(DecodeRole):
                             keep_kv=False)
             return None, running_batch
         if not final:
-            self.chunk_batch, self._chunk_items = batch, items
+            self._chunks[_chunk_key(batch)] = items
             return batch, running_batch
         self.last_extend = batch
         if self.switches.testing:
@@ -262,6 +263,12 @@ class MainRuntime(DecodeRole):
             metrics.record_handoff("main", len(p.req.output_ids))
         self._publish_held()
         return batch, running_batch
+
+
+def _chunk_key(batch) -> tuple[int, ...]:
+    """A catch-up EXTEND's identity that its copy shares (sglang's overlap loop queues `batch.copy()`
+    with the result): its requests, each of which is in at most one chunk in flight."""
+    return tuple(id(r) for r in batch.reqs)
 
 
 def _record(event: str, value: Any) -> None:

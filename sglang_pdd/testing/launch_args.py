@@ -2,7 +2,7 @@
 
 Every flag here is a verified requirement of sglang 0.5.23 on CPU (docs/cpu.md): the torch-native
 attention and sampling backends, fp32, a small static KV pool, no CUDA graphs, no grammar backend,
-no overlap scheduler (prefill's overlap path calls torch.cuda.Event) and `--sleep-on-idle` (without
+no overlap scheduler unless asked (`overlap`; prefill's overlap path calls torch.cuda.Event, a decode server's runs) and `--sleep-on-idle` (without
 it every idle scheduler busy-polls a core, which starves a 2-core box).
 """
 
@@ -35,6 +35,7 @@ class ServerConfig:
     page_size: int = 1
     chunked_prefill_size: int = -1  # -1: whole prompts (sglang's default on CPU is a chunk size)
     decode_radix_cache: bool = False
+    overlap: bool = False  # sglang's overlap scheduler (its default; on CPU it works for decode only)
     enable_metrics: bool = True
     extra: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
@@ -52,9 +53,11 @@ class ServerConfig:
             "--dtype", "float32", "--max-total-tokens", str(self.max_total_tokens),
             "--mem-fraction-static", "0.3", "--max-running-requests", str(self.max_running_requests),
             "--chunked-prefill-size", str(self.chunked_prefill_size), "--page-size", str(self.page_size),
-            "--disable-cuda-graph", "--grammar-backend", "none", "--disable-overlap-schedule",
+            "--disable-cuda-graph", "--grammar-backend", "none",
             "--sleep-on-idle", "--skip-server-warmup", "--log-level", "info",
         ]
+        if not self.overlap:
+            a.append("--disable-overlap-schedule")
         if self.enable_metrics:
             a.append("--enable-metrics")
         if self.nccl_port is not None:

@@ -125,11 +125,11 @@ def test_every_router_flag_exists(env_file):
         assert flag in known and flag in readme
 
 
-def test_decode_roles_run_tp1_without_the_overlap_scheduler(server_parser, env_file):
+def test_decode_roles_run_tp1_on_sglangs_default_overlap_scheduler(server_parser, env_file):
     for role in ("relay", "main"):
         _, argv = one(ROLES[role], env_file)
         ns = server_parser.parse_args(argv[3:])
-        assert ns.tp_size == 1 and ns.disable_overlap_schedule, role
+        assert ns.tp_size == 1 and not ns.disable_overlap_schedule, role
     _, argv = one(ROLES["prefill"], env_file)
     assert server_parser.parse_args(argv[3:]).tp_size == 2  # P may run TP > 1
     main_argv = one(ROLES["main"], env_file)[1]

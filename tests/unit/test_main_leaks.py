@@ -92,7 +92,7 @@ class Runtime:
         from sglang_pdd.main.runtime import MainRuntime
 
         self.rt = MainRuntime.__new__(MainRuntime)
-        self.rt.handoff, self.rt.last_extend, self.rt._held_published = h, None, -1
+        self.rt.handoff, self.rt.last_extend, self.rt._held_published, self.rt._chunks = h, None, -1, {}
         self.ended = []
         self.rt._abort = lambda a, keep_kv=True: self.ended.append(a)
 

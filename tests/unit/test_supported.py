@@ -48,13 +48,12 @@ def start(parser, *argv) -> str:
 
 @pytest.mark.parametrize("role", ["relay", "main"])
 @pytest.mark.parametrize("extra, flag, advice", [
-    ([], "non-overlap scheduler", "add --disable-overlap-schedule"),
-    (["--disable-overlap-schedule", "--tp-size", "2"], "--tp-size 1, got --tp-size 2", "with --tp-size 1"),
-    (["--disable-overlap-schedule", "--pp-size", "2"], "--pp-size 1, got --pp-size 2", "with --pp-size 1"),
-    (["--disable-overlap-schedule", "--dp-size", "2"], "--dp-size 1, got --dp-size 2", "with --dp-size 1"),
-    (["--disable-overlap-schedule", "--attn-dp-size", "2"], "--attn-dp-size 1", "with --attn-dp-size 1"),
-    (["--disable-overlap-schedule", "--enable-dp-attention"], "DP attention", "drop --enable-dp-attention"),
-    (["--disable-overlap-schedule", "--disaggregation-transfer-backend", "nixl"],
+    (["--tp-size", "2"], "--tp-size 1, got --tp-size 2", "with --tp-size 1"),
+    (["--pp-size", "2"], "--pp-size 1, got --pp-size 2", "with --pp-size 1"),
+    (["--dp-size", "2"], "--dp-size 1, got --dp-size 2", "with --dp-size 1"),
+    (["--attn-dp-size", "2"], "--attn-dp-size 1", "with --attn-dp-size 1"),
+    (["--enable-dp-attention"], "DP attention", "drop --enable-dp-attention"),
+    (["--disaggregation-transfer-backend", "nixl"],
      "--disaggregation-transfer-backend nixl", "use --disaggregation-transfer-backend mooncake"),
 ])
 def test_a_decode_role_with_an_unproven_setting_exits_naming_the_flag(parser, role, extra, flag, advice):
@@ -64,8 +63,9 @@ def test_a_decode_role_with_an_unproven_setting_exits_naming_the_flag(parser, ro
 
 
 @pytest.mark.parametrize("role", ["relay", "main"])
-def test_a_decode_role_at_tp1_without_the_overlap_scheduler_on_mooncake_starts(parser, role):
-    assert start(parser, *ROLE_ARGS[role], "--disable-overlap-schedule", "--tp-size", "1") == ""
+@pytest.mark.parametrize("overlap", [[], ["--disable-overlap-schedule"]], ids=["overlap", "no-overlap"])
+def test_a_decode_role_at_tp1_on_mooncake_starts_with_either_scheduler_loop(parser, role, overlap):
+    assert start(parser, *ROLE_ARGS[role], *overlap, "--tp-size", "1") == ""
 
 
 def test_prefill_may_run_tp2_with_the_overlap_scheduler_but_only_on_mooncake(parser):
@@ -79,7 +79,7 @@ def test_a_plain_server_is_not_checked(parser):
 
 
 def test_every_problem_is_named_at_once(parser):
-    said = start(parser, *ROLE_ARGS["main"], "--tp-size", "2")
+    said = start(parser, *ROLE_ARGS["main"], "--tp-size", "2", "--enable-dp-attention")
     assert said.count("sglang-pdd: error: ") == 2
 
 
