@@ -47,7 +47,35 @@ def unsupported(cfg: PddConfig, args: Any) -> list[str]:
                        f"{cfg.role.value} server per GPU with {flag} 1")
     if getattr(args, "enable_dp_attention", False):
         out.append(f"{role} does not run with DP attention ({why}): drop --enable-dp-attention")
+    spec = getattr(args, "speculative_algorithm", None)
+    if spec:
+        out.append(f"{role} does not run with speculative decoding, got --speculative-algorithm {spec} (the "
+                   "handoff EXTEND and RLD's eager tokens are proven with one token per step): drop "
+                   "--speculative-algorithm")
     return out
+
+
+def unsupported_kv_pool(cfg: PddConfig, pool: Any) -> str | None:
+    """A PDD role on a KV pool it is not proven on, as one line (None: proven, or no role). Proven:
+    sglang's MHA pools (MHA, GQA, MQA attention: `MHATokenToKVPool` and its subclasses). Not yet: MLA
+    (DeepSeek-style, `MLATokenToKVPool`), sliding-window and hybrid linear-attention pools, whose
+    pages the fan-out, the packed WAN path and the handoff EXTEND have not been checked against."""
+    if not cfg.active:
+        return None
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    if isinstance(pool, MHATokenToKVPool):
+        return None
+    return (f"--pdd-role {cfg.role.value} runs only on sglang's MHA KV pools (MHA, GQA or MQA attention), "
+            f"this model's is {type(pool).__name__} (MLA, sliding-window and hybrid attention are not proven "
+            "with PDD yet): serve this model without --pdd-role")
+
+
+def require_kv_pool(cfg: PddConfig, pool: Any) -> None:
+    """At the KV manager's start (scheduler start-up): refuse a pool the role is not proven on."""
+    problem = unsupported_kv_pool(cfg, pool)
+    if problem is not None:
+        raise RuntimeError(f"sglang-pdd: error: {problem}")
 
 
 def validated(args: Any) -> PddConfig:

@@ -1,6 +1,7 @@
 """Packed WAN path hooks (`--pdd-packed-wan`): MD offers landing regions, P packs into them, MD unpacks.
 
     both  after  PrefillBootstrapQueue/DecodePreallocQueue._init_kv_manager   the manager's pool view
+                 (and, for every PDD role, the start-up check of the pool's kind: supported.require_kv_pool)
     MD    around MooncakeKVManager.build_receiver_metadata_message           append the landing offer
     P     after  TransferInfo.from_zmq                                        read the offer
     P     (hooks/transfer.py around send_kvcache, process_state.packed_wan)   pack instead of page by page
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import logging
 
+from sglang_pdd import supported
 from sglang_pdd.process_state.packed_wan import cfg, receiver, receiving, sending
 from sglang_pdd.transfer import kv_pool_view
 from sglang_pdd.transfer.packed_receiver import FAILED, SUCCESS
@@ -29,6 +31,7 @@ logger = logging.getLogger(__name__)
 
 
 def after_init_kv_manager(manager, queue, *a, **kw):
+    supported.require_kv_pool(cfg(), queue.token_to_kv_pool)  # every PDD role, at scheduler start-up
     if sending() or receiving():
         kv_pool_view.attach(manager, queue.token_to_kv_pool)
         kv_pool_view.warm_up(manager, fp8=cfg().packed_wan == "fp8")

@@ -2,6 +2,7 @@
 what to do; what the repository's own launchers pass is accepted. Flags parsed by sglang's parser."""
 
 import argparse
+from types import SimpleNamespace
 
 import pytest
 
@@ -53,6 +54,7 @@ def start(parser, *argv) -> str:
     (["--dp-size", "2"], "--dp-size 1, got --dp-size 2", "with --dp-size 1"),
     (["--attn-dp-size", "2"], "--attn-dp-size 1", "with --attn-dp-size 1"),
     (["--enable-dp-attention"], "DP attention", "drop --enable-dp-attention"),
+    (["--speculative-algorithm", "EAGLE"], "--speculative-algorithm EAGLE", "drop --speculative-algorithm"),
     (["--disaggregation-transfer-backend", "nixl"],
      "--disaggregation-transfer-backend nixl", "use --disaggregation-transfer-backend mooncake"),
 ])
@@ -93,3 +95,38 @@ def test_the_test_and_benchmark_launchers_pass_what_the_roles_need(parser, mode,
     ns = parser.parse_args(argv[3:])
     cfg = config.from_cli_args(ns, ns.disaggregation_mode, ns.disaggregation_decode_enable_radix_cache)
     assert cfg.active and supported.unsupported(cfg, ns) == []
+
+
+def _pool(cls):
+    return object.__new__(cls)  # the class is what counts; sglang's pools need a device to build
+
+
+@pytest.mark.parametrize("role", ["prefill", "relay", "main"])
+@pytest.mark.parametrize("cls_name", ["MLATokenToKVPool", "DSATokenToKVPool", "HybridLinearKVPool"])
+def test_a_pdd_role_on_a_kv_pool_it_is_not_proven_on_stops_the_scheduler_naming_the_pool(role, cls_name):
+    from sglang.srt.mem_cache import memory_pool
+
+    from sglang_pdd.hooks.packed_wan import after_init_kv_manager
+    from sglang_pdd.roles import Role
+
+    cfg = config.PddConfig(role=Role(role))
+    with pytest.raises(RuntimeError, match=f"sglang-pdd: error: --pdd-role {role} runs only on sglang's MHA KV "
+                                           f"pools .*this model's is {cls_name} .*without --pdd-role"):
+        supported.require_kv_pool(cfg, _pool(getattr(memory_pool, cls_name)))
+    cfg.export_env()
+    try:  # the hook sglang runs at the KV manager's start does the same
+        with pytest.raises(RuntimeError, match=cls_name):
+            after_init_kv_manager("manager", SimpleNamespace(token_to_kv_pool=_pool(getattr(memory_pool, cls_name))))
+    finally:
+        config.PddConfig().export_env()
+
+
+@pytest.mark.parametrize("cls_name", ["MHATokenToKVPool", "MHATokenToKVPoolFP4"])
+def test_mha_pools_and_servers_without_a_role_pass(cls_name):
+    from sglang.srt.mem_cache import memory_pool
+
+    from sglang_pdd.roles import Role
+
+    pool = _pool(getattr(memory_pool, cls_name))
+    assert supported.unsupported_kv_pool(config.PddConfig(role=Role.MAIN), pool) is None
+    assert supported.unsupported_kv_pool(config.PddConfig(), _pool(memory_pool.MLATokenToKVPool)) is None
