@@ -106,6 +106,20 @@ def test_deltas_from_the_decode_roles_come_out_whole_with_their_logprobs(router,
     assert max(abs(a[0] - b) for a, b in zip(lps, want.logprobs)) < 1e-3
 
 
+def test_penalized_logprobs_are_exact_across_the_handoff(router, reference_server, prompts):
+    """Frequency and presence penalties count RLD's eager tokens on MD: tokens and logprobs are a single
+    server's, on sglang's non-overlap loop (the overlap loop counts penalties a step late: docs/overlap.md)."""
+    ids, n, sp = prompts.ids(200, seed=108), 160, {"frequency_penalty": 0.8, "presence_penalty": 0.3}
+    want = identity.reference(reference_server.url, ids, n, **sp)
+    before = handoffs_on_main(router)
+    status, got = http_json(router["relay"].url + "/generate", {**greedy_body(ids, n, **sp), "return_logprob": True})
+    assert status == 200, got
+    identity.check(want, got["output_ids"], "router relay, penalties")
+    assert_one_handoff(router, before)
+    lps = [t[0] for t in got["meta_info"]["output_token_logprobs"]]
+    assert len(lps) == n and max(abs(a - b) for a, b in zip(lps, want.logprobs)) < 1e-3
+
+
 @pytest.mark.parametrize("pipeline", ["relay", "direct"])
 def test_seeded_sampling_is_identical_to_a_single_server(router, reference_server, prompts, pipeline):
     """temperature 0.8, top_p 0.9 and a seed: the same tokens as a single server, across the handoff."""
