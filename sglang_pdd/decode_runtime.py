@@ -1,7 +1,7 @@
 """The decode runtime of an sglang scheduler: RelayDecode's `RelayRuntime` or MainDecode's `MainRuntime`.
 
 `runtime(scheduler)` creates and starts it on first use (attention-TP rank 0 of a relay or main
-server; None elsewhere) and keeps it on the scheduler. sglang reaches it through one of two entries,
+server; on its other TP ranks a follower that replays rank 0's decisions, rank_sync.py; None elsewhere) and keeps it on the scheduler. sglang reaches it through one of two entries,
 chosen at load (plugin.CAPABILITIES): on stock sglang the six decode scheduler hooks
 (hooks/decode.py) call it on first use; on sglang with patch 0003 the decode scheduler extension
 (decode_extension.py) is created with it when sglang builds the scheduler.
@@ -9,10 +9,14 @@ chosen at load (plugin.CAPABILITIES): on stock sglang the six decode scheduler h
 
 from __future__ import annotations
 
+import logging
+
 from sglang_pdd.config import PddConfig
 from sglang_pdd.decode_role import DecodeRole
 from sglang_pdd.roles import Role
 from sglang_pdd.test_switches import for_process
+
+logger = logging.getLogger(__name__)
 
 _UNSET = object()
 
@@ -24,7 +28,9 @@ def runtime(scheduler) -> DecodeRole | None:
         return rt
     rt = None
     cfg = PddConfig.from_env()
-    if cfg.role in (Role.RELAY, Role.MAIN) and getattr(scheduler, "attn_tp_rank", 0) == 0:
+    if cfg.role in (Role.RELAY, Role.MAIN) and attn_tp_rank(scheduler) != 0:
+        rt = _follower(scheduler, cfg)
+    elif cfg.role in (Role.RELAY, Role.MAIN):
         secret = cfg.secret()
         if cfg.role is Role.RELAY:
             from sglang_pdd.relay.runtime import RelayRuntime
@@ -37,6 +43,36 @@ def runtime(scheduler) -> DecodeRole | None:
         rt.start()
     scheduler._pdd_runtime = rt
     return rt
+
+
+def _follower(scheduler, cfg: PddConfig) -> DecodeRole | None:
+    """A TP rank other than 0 replays rank 0's decisions (rank_sync.py); None with TP 1."""
+    from sglang_pdd.rank_sync import RankSync
+
+    sync = RankSync(scheduler)
+    if not sync.active:
+        return None
+    logger.info("sglang-pdd %s: TP rank %d replays rank 0's decisions", cfg.role.value, attn_tp_rank(scheduler))
+    if cfg.role is Role.RELAY:
+        from sglang_pdd.relay.follower import RelayFollower
+
+        return RelayFollower(scheduler, sync)
+    from sglang_pdd.main.follower import MainFollower
+
+    return MainFollower(scheduler, sync)
+
+
+def attn_tp_rank(scheduler) -> int:
+    """The scheduler's attention-TP rank: sglang keeps it in its parallel context, not on the scheduler."""
+    rank = getattr(scheduler, "attn_tp_rank", None)
+    if rank is not None:
+        return int(rank)
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        return int(get_parallel().attn_tp_rank)
+    except Exception:  # no parallel context (a scheduler stand-in): one rank
+        return 0
 
 
 def current(scheduler) -> DecodeRole | None:

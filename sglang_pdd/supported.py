@@ -5,8 +5,10 @@ per server (the token channel, the handoff tables and the held requests live in 
 rank 0 scheduler). Both of sglang's decode loops are proven: the non-overlap loop and the overlap
 loop (sglang's default), where a batch's result is processed after the next batch is launched (a
 handoff ends a request as sglang's own finish does, its in-flight token dropped; a catch-up chunk's
-result is matched by its requests, not by the batch object: docs/overlap.md). Until they are proven
-elsewhere the decode roles run only at TP 1, no PP, no data parallelism (replicas or DP attention).
+result is matched by its requests, not by the batch object: docs/overlap.md). With TP > 1 rank 0
+decides and the other ranks replay its decisions (rank_sync.py; proven at TP 2 on every role). Until
+they are proven elsewhere the decode roles run with no PP, no data parallelism (replicas or DP
+attention) and no speculative decoding.
 Every role's transfer hooks are Mooncake's (`mooncake`, `mooncake_tcp`).
 
 `unsupported(cfg, args)` reads sglang's parsed flags (an argparse namespace or ServerArgs) and
@@ -37,11 +39,14 @@ def unsupported(cfg: PddConfig, args: Any) -> list[str]:
     if backend not in MOONCAKE_BACKENDS:
         out.append(f"{role} runs only on a Mooncake transfer backend, got --disaggregation-transfer-backend "
                    f"{backend}: use --disaggregation-transfer-backend mooncake (or mooncake_tcp)")
+    if cfg.packed_wan != "off" and _int(args, "tp_size") > 1:
+        out.append(f"{role} runs the packed WAN path only at --tp-size 1, got --tp-size {_int(args, 'tp_size')} "
+                   f"(each rank's landing offer is not proven): drop --pdd-packed-wan {cfg.packed_wan} (Mooncake "
+                   "then sends page by page) or run --tp-size 1")
     if cfg.role is Role.PREFILL:
         return out
     why = "a handoff ends a request between two decode steps of one scheduler"
-    for flag, name in (("--tp-size", "tp_size"), ("--pp-size", "pp_size"), ("--dp-size", "dp_size"),
-                       ("--attn-dp-size", "attn_dp_size")):
+    for flag, name in (("--pp-size", "pp_size"), ("--dp-size", "dp_size"), ("--attn-dp-size", "attn_dp_size")):
         if _int(args, name) > 1:
             out.append(f"{role} runs only at {flag} 1, got {flag} {_int(args, name)} ({why}): start one "
                        f"{cfg.role.value} server per GPU with {flag} 1")

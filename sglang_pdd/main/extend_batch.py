@@ -104,6 +104,17 @@ def build(scheduler, items: list, final: bool = True):
     return batch
 
 
+def merged(running_batch, extend):
+    """The running batch with last iteration's handoff EXTEND merged in (its finished requests out)."""
+    extend.filter_batch()
+    if extend.is_empty():
+        return running_batch
+    if running_batch.is_empty():
+        return extend
+    running_batch.merge_batch(extend)
+    return running_batch
+
+
 def needs_penalties(req) -> bool:
     """Requests whose sampling depends on their earlier outputs: they take the EXTEND alone."""
     sp = req.sampling_params

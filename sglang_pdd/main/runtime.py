@@ -14,6 +14,8 @@ from sglang_pdd.main.handoff_attention import ATTENTION, CPU_TEST_POLICY, Handof
 from sglang_pdd.protocol.channel import MainChannel
 from sglang_pdd.protocol.request import RequestParamsError, parse
 from sglang_pdd.protocol.request_auth import ParamsVerifier
+from sglang_pdd.rank_sync import Abort as RankAbort
+from sglang_pdd.rank_sync import Extend, ExtendItem, Hold, RankSync, Refuse, Round
 from sglang_pdd.request_errors import end_queued
 from sglang_pdd.test_switches import OFF, TestSwitches
 
@@ -45,6 +47,9 @@ class MainRuntime(DecodeRole):
         self.switches = switches
         self._drop_after_extend: list = []  # negative control: (req, n, k) whose eager KV is discarded
         self._held_published = -1
+        self.sync = RankSync(scheduler)  # TP > 1: the other ranks replay this rank's decisions
+        self._ops: list = []  # this iteration's decisions, for them
+        self._extend_op = None
 
     def start(self) -> None:
         """Warm the handoff attention kernel up for this pool (CUDA only)."""
@@ -53,29 +58,35 @@ class MainRuntime(DecodeRole):
     # -- admission --------------------------------------------------------------------------
     def admit(self, req: Any) -> None:
         """A request sglang just queued. Its PDD parameters come from the client's body: a relay not
-        named by --pdd-relays, or any failure to take the request, ends that request, never the server."""
+        named by --pdd-relays, or any failure to take the request, ends that request, never the server
+        (on every TP rank: the other ranks replay the refusal, rank_sync)."""
         try:
-            params = parse(req.sampling_params.custom_params)
-        except RequestParamsError as e:
-            return end_queued(req, str(e), status_code=400)
-        if params is None or params.relay is None:
-            return  # a plain P->MD request
-        if params.relay not in self.relays:
-            return end_queued(req, f"pdd: relay {params.relay!r} is not one of this server's --pdd-relays",
-                                status_code=400)
-        try:
-            self.verifier.check(params, req.bootstrap_room)  # only the router's, for this room, once
-        except RequestParamsError as e:
-            return end_queued(req, str(e), status_code=400)
-        try:
-            error = self.handoff.admit(req, params, drop_eager_kv=self.switches.drop_eager_kv())
-            self._register_sockets()
+            refusal = self._admit(req)
         except Exception as e:  # whatever went wrong concerns this request only
             logger.exception("request %s: cannot take the relayed request", req.rid)
             self.handoff.drop(req.rid)
-            error = f"pdd: cannot take the relayed request: {type(e).__name__}: {e}"
-        if error is not None:
-            end_queued(req, error, status_code=503)
+            refusal = (f"pdd: cannot take the relayed request: {type(e).__name__}: {e}", 503)
+        if refusal is not None:
+            end_queued(req, *refusal)
+        if self.sync.active:
+            self.sync.exchange(Round(ops=[Refuse(req.rid, *refusal)] if refusal else []))
+
+    def _admit(self, req: Any) -> tuple[str, int] | None:
+        try:
+            params = parse(req.sampling_params.custom_params)
+        except RequestParamsError as e:
+            return str(e), 400
+        if params is None or params.relay is None:
+            return None  # a plain P->MD request
+        if params.relay not in self.relays:
+            return f"pdd: relay {params.relay!r} is not one of this server's --pdd-relays", 400
+        try:
+            self.verifier.check(params, req.bootstrap_room)  # only the router's, for this room, once
+        except RequestParamsError as e:
+            return str(e), 400
+        error = self.handoff.admit(req, params, drop_eager_kv=self.switches.drop_eager_kv())
+        self._register_sockets()
+        return (error, 503) if error is not None else None
 
     def _register_sockets(self) -> None:
         for sock in self.channel.sockets():  # RLD's tokens end an idle wait
@@ -91,6 +102,7 @@ class MainRuntime(DecodeRole):
         keep = []
         for req in s.waiting_queue:
             if self.handoff.is_relayed(req) and not req.finished():
+                self._ops.append(Hold(req.rid))
                 ended = self.handoff.kv_arrived(req, md_batch=self.md_batch())  # leaves sglang's queues: held until the tokens come
                 if ended is not None:
                     self._abort(ended)
@@ -101,6 +113,9 @@ class MainRuntime(DecodeRole):
         for a in self.handoff.poll():
             self._abort(a)
         self._publish_held()
+        ops, self._ops = self._ops, []
+        if self.sync.active:
+            self.sync.exchange(Round(ops=ops, busy=self.busy()))
 
     def _publish_held(self) -> None:
         """The held gauge whenever it changes (clients wait on it), not only at the publish rate."""
@@ -118,22 +133,12 @@ class MainRuntime(DecodeRole):
         metrics.set_handoff_requests("main", {state.value: n for state, n in self.handoff.counts().items()})
 
     def _abort(self, a, keep_kv: bool = True) -> None:
-        from sglang.srt.disaggregation.utils import prepare_abort
-        from sglang.srt.managers.io_struct import AbortReq
-        from sglang.srt.mem_cache.common import release_kv_cache
-
-        s, req = self.scheduler, a.req
         if a.relay_finished:
             metrics.record_relay_finished("main")
         else:
             metrics.record_handoff_failure("main", a.message.split(":")[1].strip()[:40] if ":" in a.message else "error")
-        if not a.held:  # still in sglang's prealloc/transfer queues: its own abort path frees all
-            s.abort_request(AbortReq(rid=req.rid, abort_message=a.message))
-            return
-        prepare_abort(req, a.message, status_code=None if a.relay_finished else 500)
-        s.output_streamer.stream_output([req], req.return_logprob)
-        # The prompt's KV is valid: keep it in the radix tree, so MD's cache stays aligned with P's.
-        release_kv_cache(req, s.tree_cache, checkpoint=keep_kv)
+        self._ops.append(RankAbort(a.req.rid, a.held, a.message, a.relay_finished, keep_kv))
+        end_request(self.scheduler, a.req, a.held, a.message, a.relay_finished, keep_kv)
 
     def on_abort_request(self, rid: str, message: str | None, abort_all: bool = False) -> None:
         """After sglang's abort_request, which ended the requests still in its own queues (admitted,
@@ -151,7 +156,7 @@ class MainRuntime(DecodeRole):
     def on_batch_result(self, batch, result) -> bool:
         """The handoff attention's armed window ends; a catch-up chunk's result is consumed here."""
         self.attention.disarm(batch)
-        items = self._chunks.pop(_chunk_key(batch), None) if batch is not None and self._chunks else None
+        items = self._chunks.pop(chunk_key(batch), None) if batch is not None and self._chunks else None
         if items is None:
             return False
         self._on_chunk_result(result, items)
@@ -203,7 +208,10 @@ class MainRuntime(DecodeRole):
         handoff kernel (armed until its result, or the next selection). The caller prepares the batch
         for DP attention as its own (sglang with patch 0003; the stock hook)."""
         self.attention.disarm()  # last round's handoff batch has run
+        self._extend_op = None
         batch, running_batch = self._select(running_batch)
+        if self.sync.active:
+            self.sync.exchange(Round(ops=[self._extend_op] if batch is not None else []))
         if batch is not None:
             cpu = self.switches.on and self.switches.knobs().handoff_kernel_cpu
             self.attention.arm(batch, batch.batch_size(), policy=CPU_TEST_POLICY if cpu else None)
@@ -215,13 +223,7 @@ class MainRuntime(DecodeRole):
         if self._drop_after_extend:
             self._discard_eager_kv()
         if self.last_extend is not None:
-            lb, self.last_extend = self.last_extend, None
-            lb.filter_batch()
-            if not lb.is_empty():
-                if running_batch.is_empty():
-                    running_batch = lb
-                else:
-                    running_batch.merge_batch(lb)
+            running_batch, self.last_extend = extend_batch.merged(running_batch, self.last_extend), None
         free_rows = min(s.max_running_requests, s.req_to_token_pool.size) - running_batch.batch_size()
         if free_rows <= 0:
             return None, running_batch
@@ -249,8 +251,10 @@ class MainRuntime(DecodeRole):
                 self._abort(Abort(p.req, held=True, message=f"pdd: handoff failed: {e}", relay_finished=False),
                             keep_kv=False)
             return None, running_batch
+        self._extend_op = Extend(final, tuple(ExtendItem(p.req.rid, p.have, tuple(p.tokens),
+                                                         tuple(p.logprobs) if p.logprobs else None) for p in items))
         if not final:
-            self._chunks[_chunk_key(batch)] = items
+            self._chunks[chunk_key(batch)] = items
             return batch, running_batch
         self.last_extend = batch
         if self.switches.testing:
@@ -265,7 +269,23 @@ class MainRuntime(DecodeRole):
         return batch, running_batch
 
 
-def _chunk_key(batch) -> tuple[int, ...]:
+def end_request(s, req, held: bool, message: str, relay_finished: bool, keep_kv: bool = True) -> None:
+    """End one of MD's relayed requests: in sglang's queues through its abort path, which frees all;
+    held (only the plugin sees it) with the abort finish, streamed, its KV released."""
+    from sglang.srt.disaggregation.utils import prepare_abort
+    from sglang.srt.managers.io_struct import AbortReq
+    from sglang.srt.mem_cache.common import release_kv_cache
+
+    if not held:  # still in sglang's prealloc/transfer queues: its own abort path frees all
+        s.abort_request(AbortReq(rid=req.rid, abort_message=message))
+        return
+    prepare_abort(req, message, status_code=None if relay_finished else 500)
+    s.output_streamer.stream_output([req], req.return_logprob)
+    # The prompt's KV is valid: keep it in the radix tree, so MD's cache stays aligned with P's.
+    release_kv_cache(req, s.tree_cache, checkpoint=keep_kv)
+
+
+def chunk_key(batch) -> tuple[int, ...]:
     """A catch-up EXTEND's identity that its copy shares (sglang's overlap loop queues `batch.copy()`
     with the result): its requests, each of which is in at most one chunk in flight."""
     return tuple(id(r) for r in batch.reqs)

@@ -10,6 +10,7 @@ from sglang_pdd.config import PddConfig
 from sglang_pdd.decode_role import DecodeRole
 from sglang_pdd.protocol.channel import RelayChannel
 from sglang_pdd.protocol.handoff_finish import HandoffFinish
+from sglang_pdd.rank_sync import Finish, RankSync, Round
 from sglang_pdd.relay.handoff import RelayHandoff
 from sglang_pdd.policy.handoff_mode import HandoffModeConfig, HandoffModePolicy
 from sglang_pdd.test_switches import OFF, TestSwitches
@@ -49,6 +50,8 @@ class RelayRuntime(DecodeRole):
             md_small_batch=cfg.adaptive_md_batch))
         self.handoff = RelayHandoff(self.channel, timeout_s=cfg.handoff_timeout, policy=policy, record=_record)
         self.switches = switches
+        self.sync = RankSync(scheduler)  # TP > 1: the other ranks replay this rank's handoff finishes
+        self._ops: list = []
         idle_wait.watch(scheduler, self.channel.sock)  # tokens from MD end an idle wait
         logger.info("sglang-pdd relay: token channel on %s%s", self.channel.address,
                     " (CURVE encrypted)" if self.channel.encrypted else "")
@@ -72,19 +75,10 @@ class RelayRuntime(DecodeRole):
         return len(s.running_batch.reqs), min(1.0, max(0.0, 1.0 - free / total))
 
     def finish_with_handoff(self, req: Any, k: int, mode: str = "one-shot") -> None:
-        """End the request now, between two decode steps: its stream carries exactly t1..tk."""
-        from sglang.srt.mem_cache.common import release_kv_cache
-
-        s = self.scheduler
-        waiting = any(r is req for r in s.waiting_queue)
-        if waiting:
-            s.waiting_queue = [r for r in s.waiting_queue if r is not req]
-        req.finished_reason = handoff_finish(k, mode)
-        s.output_streamer.stream_output([req], req.return_logprob)
-        release_kv_cache(req, s.tree_cache, checkpoint=False)
-        req.time_stats.set_completion_time()
-        if not waiting:
-            s.running_batch.filter_batch()
+        """End the request now, between two decode steps: its stream carries exactly t1..tk (on every
+        TP rank: the other ranks replay it, rank_sync)."""
+        end_with_handoff(self.scheduler, req, k, mode)
+        self._ops.append(Finish(req.rid, k, mode))
         metrics.record_handoff("relay", k)
 
     # -- DecodeRole ---------------------------------------------------------------------------
@@ -93,6 +87,24 @@ class RelayRuntime(DecodeRole):
 
     def poll(self) -> None:
         self.handoff.poll(self)
+        ops, self._ops = self._ops, []
+        if self.sync.active:
+            self.sync.exchange(Round(ops=ops))
+
+
+def end_with_handoff(s: Any, req: Any, k: int, mode: str) -> None:
+    """End a request RLD decodes (running, or transferred and waiting to join) with the handoff finish."""
+    from sglang.srt.mem_cache.common import release_kv_cache
+
+    waiting = any(r is req for r in s.waiting_queue)
+    if waiting:
+        s.waiting_queue = [r for r in s.waiting_queue if r is not req]
+    req.finished_reason = handoff_finish(k, mode)
+    s.output_streamer.stream_output([req], req.return_logprob)
+    release_kv_cache(req, s.tree_cache, checkpoint=False)
+    req.time_stats.set_completion_time()
+    if not waiting:
+        s.running_batch.filter_batch()
 
 
 def _record(event: str, value: Any) -> None:

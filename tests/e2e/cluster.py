@@ -125,28 +125,34 @@ class PDDServers:
 def start_pdd(server_group, model: str, *, base_port: int, bootstrap_port: int, token_port: int,
               handoff_timeout: float, page_size: int = 1, prefill_chunk: int = -1,
               prefill_extra: tuple = (), relay_extra: tuple = (), main_extra: tuple = (),
-              mains: int = 1, decode_overlap: bool = False) -> PDDServers:
+              mains: int = 1, decode_overlap: bool = False, tp: int = 1) -> PDDServers:
     """P (--pdd-role prefill), RLD (relay) and MD (main, decode radix cache) in one namespace, each
     with a test-knobs file (`PDDServers.knobs`); `mains` > 1 starts more MDs (ports base + 10, + 11, ...)
-    at the same time; `decode_overlap` runs RLD and MD on sglang's overlap scheduler (P cannot on CPU)."""
+    at the same time; `decode_overlap` runs RLD and MD on sglang's overlap scheduler (P cannot on CPU);
+    `tp` > 1 runs every role at that TP size (gloo), its ranks bound to cores 0, 1, ..."""
     timeout = ["--pdd-handoff-timeout", f"{handoff_timeout:g}"]
     files = {r: os.path.join(server_group.log_dir, f"pdd-{base_port}-{r}-knobs.json") for r in ROLES}
     for f in files.values():
         with open(f, "w") as fh:
             fh.write("{}")
     common = dict(model=model, bootstrap_port=bootstrap_port, page_size=page_size)
+    tp_env = {}
+    if tp > 1:
+        cores = os.cpu_count() or 1
+        tp_env = {"SGLANG_CPU_OMP_THREADS_BIND": "|".join(str(i % cores) for i in range(tp))}
+        prefill_extra, relay_extra, main_extra = (("--tp-size", str(tp), *x) for x in (prefill_extra, relay_extra, main_extra))
     decode = dict(common, overlap=decode_overlap)
     p = server_group.start(f"pdd-prefill-{base_port}", ServerConfig(
         port=base_port, nccl_port=base_port + 1000, mode="prefill", chunked_prefill_size=prefill_chunk, **common,
-        extra=["--pdd-role", "prefill", *prefill_extra], env={ENV_TEST_KNOBS: files["prefill"]}))
+        extra=["--pdd-role", "prefill", *prefill_extra], env={**tp_env, ENV_TEST_KNOBS: files["prefill"]}))
     rld = server_group.start(f"pdd-relay-{base_port + 1}", ServerConfig(
         port=base_port + 1, nccl_port=base_port + 1001, mode="decode", **decode,
         extra=["--pdd-role", "relay", "--pdd-token-port", str(token_port), *timeout, *relay_extra],
-        env={ENV_TEST_KNOBS: files["relay"]}))
+        env={**tp_env, ENV_TEST_KNOBS: files["relay"]}))
     mds = [server_group.start(f"pdd-main-{port}", ServerConfig(
         port=port, nccl_port=port + 1000, mode="decode", decode_radix_cache=True, **decode,
         extra=["--pdd-role", "main", "--pdd-relays", f"tcp://127.0.0.1:{token_port}", *timeout, *main_extra],
-        env={ENV_TEST_KNOBS: files["main"]})) for port in [base_port + 2] + [base_port + 10 + i for i in range(mains - 1)]]
+        env={**tp_env, ENV_TEST_KNOBS: files["main"]})) for port in [base_port + 2] + [base_port + 10 + i for i in range(mains - 1)]]
     for s in (p, rld, *mds):
         s.wait_ready()
     idle = {s.url: idle_rows(s.url) for s in (rld, *mds)}

@@ -183,8 +183,8 @@ def test_transport_settings(env_file):
         assert env.get("MC_TCP_ENABLE_CONNECTION_POOL") == "1" and "--disaggregation-ib-device" not in argv
         if role == "relay":
             assert "--pdd-packed-wan" not in argv
-        else:
-            assert opt(argv, "--pdd-packed-wan") == "plain"
+        else:  # P at TP 2 here: the packed WAN path runs only at TP 1
+            assert opt(argv, "--pdd-packed-wan") == ("off" if role == "prefill" else "plain")
         env, argv = one(ROLES[role], env_file, PDD_KV_TRANSPORT="rdma", PDD_IB_DEVICE="mlx5_0,mlx5_1",
                         PDD_MC_GID_INDEX="3")
         assert opt(argv, "--disaggregation-ib-device") == "mlx5_0,mlx5_1" and env["MC_GID_INDEX"] == "3"

@@ -30,7 +30,7 @@ def test_the_plugins_keywords_are_split_from_sglangs():
 @pytest.mark.parametrize("kwargs, words", [
     (dict(pdd_role="relai"), "--pdd-role"),
     (dict(pdd_role="main", disaggregation_mode="decode"), "--disaggregation-decode-enable-radix-cache"),
-    (dict(pdd_role="relay", disaggregation_mode="decode", pdd_token_port=18500, tp_size=2), "--tp-size 1"),
+    (dict(pdd_role="relay", disaggregation_mode="decode", pdd_token_port=18500, pp_size=2), "--pp-size 1"),
     (dict(pdd_role="relay", disaggregation_mode="null", pdd_token_port=18500), "--disaggregation-mode decode"),
 ])
 def test_bad_options_are_refused_with_the_command_lines_message(kwargs, words, monkeypatch):

@@ -174,6 +174,7 @@ def test_main_runtime_arms_with_the_cpu_policy_under_its_test_knob(tmp_path):
     from types import SimpleNamespace
 
     from sglang_pdd.main.runtime import MainRuntime
+    from sglang_pdd.rank_sync import RankSync
     from sglang_pdd.test_switches import TestSwitches
 
     knobs = tmp_path / "knobs.json"
@@ -182,6 +183,7 @@ def test_main_runtime_arms_with_the_cpu_policy_under_its_test_knob(tmp_path):
     rt = MainRuntime.__new__(MainRuntime)
     rt.scheduler = SimpleNamespace(dp_attn_adapter=SimpleNamespace(maybe_prepare_mlp_sync_batch=lambda b: b))
     rt.attention, rt.switches = HandoffAttention(record=lambda *a: None), TestSwitches(knobs_file=str(knobs))
+    rt.sync = RankSync(SimpleNamespace(tp_size=1))
     rt._select = lambda running: (batch, running)
     assert rt.next_batch("running") == (batch, "running")
     assert rt.attention.armed_for is batch and rt.attention.policy == CPU_TEST_POLICY

@@ -41,11 +41,11 @@ def runtime():
 
 def launch(rt, names):
     """What `_select` does for a catch-up chunk: remember its items by the batch's requests."""
-    from sglang_pdd.main.runtime import _chunk_key
+    from sglang_pdd.main.runtime import chunk_key
 
     items = [SimpleNamespace(name=n, req=req(n)) for n in names]
     batch = Batch([p.req for p in items])
-    rt._chunks[_chunk_key(batch)] = items
+    rt._chunks[chunk_key(batch)] = items
     return batch
 
 

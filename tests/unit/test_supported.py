@@ -49,7 +49,6 @@ def start(parser, *argv) -> str:
 
 @pytest.mark.parametrize("role", ["relay", "main"])
 @pytest.mark.parametrize("extra, flag, advice", [
-    (["--tp-size", "2"], "--tp-size 1, got --tp-size 2", "with --tp-size 1"),
     (["--pp-size", "2"], "--pp-size 1, got --pp-size 2", "with --pp-size 1"),
     (["--dp-size", "2"], "--dp-size 1, got --dp-size 2", "with --dp-size 1"),
     (["--attn-dp-size", "2"], "--attn-dp-size 1", "with --attn-dp-size 1"),
@@ -66,8 +65,19 @@ def test_a_decode_role_with_an_unproven_setting_exits_naming_the_flag(parser, ro
 
 @pytest.mark.parametrize("role", ["relay", "main"])
 @pytest.mark.parametrize("overlap", [[], ["--disable-overlap-schedule"]], ids=["overlap", "no-overlap"])
-def test_a_decode_role_at_tp1_on_mooncake_starts_with_either_scheduler_loop(parser, role, overlap):
-    assert start(parser, *ROLE_ARGS[role], *overlap, "--tp-size", "1") == ""
+@pytest.mark.parametrize("tp", ["1", "2"])
+def test_a_decode_role_on_mooncake_starts_with_either_scheduler_loop_at_tp_1_or_2(parser, role, overlap, tp):
+    assert start(parser, *ROLE_ARGS[role], *overlap, "--tp-size", tp) == ""
+
+
+@pytest.mark.parametrize("role, extra", [
+    ("prefill", ["--pdd-role", "prefill", "--disaggregation-mode", "prefill"]),
+    ("main", ROLE_ARGS["main"]),
+])
+def test_the_packed_wan_path_at_tp2_is_refused_naming_both_flags(parser, role, extra):
+    said = start(parser, *extra, "--pdd-packed-wan", "plain", "--tp-size", "2")
+    assert said.startswith("sglang-pdd: error: ") and "--pdd-packed-wan plain" in said and "--tp-size 2" in said
+    assert start(parser, *extra, "--pdd-packed-wan", "plain", "--tp-size", "1") == ""
 
 
 def test_prefill_may_run_tp2_with_the_overlap_scheduler_but_only_on_mooncake(parser):
@@ -81,7 +91,7 @@ def test_a_plain_server_is_not_checked(parser):
 
 
 def test_every_problem_is_named_at_once(parser):
-    said = start(parser, *ROLE_ARGS["main"], "--tp-size", "2", "--enable-dp-attention")
+    said = start(parser, *ROLE_ARGS["main"], "--pp-size", "2", "--enable-dp-attention")
     assert said.count("sglang-pdd: error: ") == 2
 
 
