@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 from dataclasses import dataclass, field
 
 from sglang_pdd.config import ENV_TEST_KNOBS
@@ -157,3 +158,60 @@ def start_pdd(server_group, model: str, *, base_port: int, bootstrap_port: int, 
         s.wait_ready()
     idle = {s.url: idle_rows(s.url) for s in (rld, *mds)}
     return PDDServers(p, rld, mds[0], bootstrap_port, token_port, idle, files, more_mains=mds[1:])
+
+
+def abort_while_held(pdd, body: dict) -> dict:
+    """A relayed request that MD holds (KV landed, waiting for tokens) while RLD decodes with no handoff
+    in sight (RLD's knob wants more eager tokens than the request has), then an abort on MD and RLD.
+    Returns what was seen: `decoded` (RLD decoded past the prompt), `held` (MD's gauge at the abort),
+    `ended` (the request came back), and the result or error."""
+    import threading
+
+    from sglang_pdd.testing.client import GenerateError
+    from sglang_pdd.testing.pdd_client import held_on_main, relayed_generate
+    from sglang_pdd.testing.servers import http_json
+
+    out: dict = {}
+
+    def run():
+        try:
+            out["r"] = relayed_generate(pdd.roles, body, main_first=True)
+        except GenerateError as e:
+            out["error"] = str(e)
+
+    n_prompt = len(body["input_ids"])
+    with pdd.knobs("relay", relay_min_eager=body["sampling_params"]["max_new_tokens"] + 1):
+        t = threading.Thread(target=run)
+        t.start()
+        decoded = False
+        while t.is_alive() and not decoded:  # RLD has decoded past the prompt: its KV use grows
+            kv = by_state(pdd.relay.url, "sglang_pdd_kv_pool_tokens")
+            decoded = bool(kv) and kv["total"] - kv["available"] - kv["evictable"] > n_prompt + 16
+            time.sleep(0.05)
+        out["held"] = held_on_main(pdd.main.url)
+        for url in (pdd.main.url, pdd.relay.url):
+            http_json(url + "/abort_request", {"rid": "", "abort_all": True})
+        t.join(120)
+    out.update(decoded=decoded, ended=not t.is_alive())
+    return out
+
+
+def decode_roles_idle(pdd, timeout_s: float = 60.0) -> list:
+    """[(url, pool, rows, held)] of each decode role not back to idle within the timeout (empty: all
+    idle): every KV slot free or only cached, no row taken, nothing held."""
+    from sglang_pdd.testing.pdd_client import held_on_main
+
+    busy = []
+    for url in (pdd.relay.url, pdd.main.url):
+        deadline = time.monotonic() + timeout_s
+        while True:
+            pool, rows = by_state(url, "sglang_pdd_kv_pool_tokens"), by_state(url, "sglang_pdd_req_rows")
+            held = held_on_main(url)
+            idle = (pool and pool["available"] + pool["evictable"] == pool["total"] and pool["protected"] == 0
+                    and rows["free"] == pdd.idle_rows[url] and held == 0)
+            if idle or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        if not idle:
+            busy.append((url, pool, rows, held))
+    return busy

@@ -19,7 +19,7 @@ from sglang_pdd.testing.launch_args import ServerConfig
 from sglang_pdd.testing.pdd_client import held_on_main, relayed_generate, relayed_generate_many
 from sglang_pdd.testing.servers import http_json
 
-from .cluster import metric, start_pdd
+from .cluster import abort_while_held, decode_roles_idle, metric, start_pdd
 
 pytestmark = pytest.mark.e2e
 
@@ -235,35 +235,13 @@ def test_relay_finishing_first_tells_main_which_lets_go(pdd, reference_server, p
 
 
 def test_aborting_a_held_request_ends_both_copies_and_main_keeps_serving(pdd, reference_server, prompts):
-    """MD holds its copy (KV landed, waiting for tokens) while RLD decodes, with no handoff in sight (RLD's
-    knob wants more eager tokens than the request has); an abort on both ends both copies, MD lets go
-    of what it holds, and the next relayed request is token-identical (the pools are checked last)."""
-    from sglang_pdd.testing.client import GenerateError
-
+    """MD holds its copy (KV landed, waiting for tokens) while RLD decodes, with no handoff in sight; an
+    abort on both ends both copies, MD lets go of what it holds, and the next relayed request is
+    token-identical (the pools are checked last)."""
     ids = prompts.ids(80, seed=95)
-    out: dict = {}
-
-    def run():
-        try:
-            out["r"] = relayed_generate(pdd.roles, greedy_body(ids, 1500), main_first=True)
-        except GenerateError as e:
-            out["error"] = str(e)
-
-    with pdd.knobs("relay", relay_min_eager=2000):
-        t = threading.Thread(target=run)
-        t.start()
-        decoded = False
-        while t.is_alive() and not decoded:  # RLD has decoded past the prompt: its KV use grows
-            kv = {dict(k)["state"]: v for k, v in metric(pdd.relay.url, "sglang_pdd_kv_pool_tokens").items()}
-            decoded = bool(kv) and kv["total"] - kv["available"] - kv["evictable"] > len(ids) + 16
-            time.sleep(0.05)
-        held = held_on_main(pdd.main.url)
-        for url in (pdd.main.url, pdd.relay.url):
-            http_json(url + "/abort_request", {"rid": "", "abort_all": True})
-        t.join(120)
-    assert decoded and held >= 1, (decoded, held, out)
-    assert not t.is_alive()
-    relay = out.get("r").relay if "r" in out else None
+    out = abort_while_held(pdd, greedy_body(ids, 1500))
+    assert out["decoded"] and out["held"] >= 1 and out["ended"], out
+    relay = out["r"].relay if "r" in out else None
     assert relay is None or relay["meta_info"]["finish_reason"]["type"] == "abort", relay["meta_info"]
     assert relay is None or len(relay["output_ids"]) < 1500
     deadline = time.monotonic() + 60
@@ -361,15 +339,4 @@ def test_handoff_attention_hook_leaves_cpu_to_sglang_and_its_kernel_path_is_toke
 
 
 def test_pools_return_to_idle_on_relay_and_main(pdd):
-    for url in (pdd.relay.url, pdd.main.url):
-        deadline = time.monotonic() + 60
-        while True:
-            pool = {dict(k)["state"]: v for k, v in metric(url, "sglang_pdd_kv_pool_tokens").items()}
-            rows = {dict(k)["state"]: v for k, v in metric(url, "sglang_pdd_req_rows").items()}
-            held = sum(metric(url, "sglang_pdd_handoff_held_requests").values())
-            idle = (pool and pool["available"] + pool["evictable"] == pool["total"] and pool["protected"] == 0
-                    and rows["free"] == pdd.idle_rows[url] and held == 0)
-            if idle or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
-        assert idle, (url, pool, rows, held)
+    assert decode_roles_idle(pdd) == []

@@ -4,17 +4,14 @@ decisions (sglang_pdd.rank_sync): the handoff finish on RLD, holding, aborting a
 catch-up EXTEND over RLD's token IDs on MD, so both ranks build the same batches. Tokens equal a
 single server's (TP 1), with a negative control that fails."""
 
-import threading
-import time
-
 import pytest
 
 from sglang_pdd.testing import identity
-from sglang_pdd.testing.client import GenerateError, greedy_body
-from sglang_pdd.testing.pdd_client import held_on_main, relayed_generate, relayed_generate_many
+from sglang_pdd.testing.client import greedy_body
+from sglang_pdd.testing.pdd_client import relayed_generate, relayed_generate_many
 from sglang_pdd.testing.servers import http_json
 
-from .cluster import metric, start_pdd
+from .cluster import abort_while_held, decode_roles_idle, start_pdd
 
 pytestmark = pytest.mark.e2e
 
@@ -95,37 +92,11 @@ def test_negative_control_main_without_the_eager_kv_diverges(pdd, reference_serv
 
 
 def test_an_abort_of_a_held_request_ends_it_on_both_ranks(pdd, reference_server, prompts):
-    ids = prompts.ids(80, seed=1430)
-    out: dict = {}
-
-    def run():
-        try:
-            out["r"] = relayed_generate(pdd.roles, greedy_body(ids, 1500), main_first=True)
-        except GenerateError as e:
-            out["error"] = str(e)
-
-    with pdd.knobs("relay", relay_min_eager=2000):
-        t = threading.Thread(target=run)
-        t.start()
-        while t.is_alive() and held_on_main(pdd.main.url) < 1:
-            time.sleep(0.05)
-        for url in (pdd.main.url, pdd.relay.url):
-            http_json(url + "/abort_request", {"rid": "", "abort_all": True})
-        t.join(120)
-    assert not t.is_alive()
+    out = abort_while_held(pdd, greedy_body(prompts.ids(80, seed=1430), 1500))
+    assert out["decoded"] and out["held"] >= 1 and out["ended"], out
     ids = prompts.ids(60, seed=1431)
     assert_identical(ref(reference_server, ids, 16), relayed(pdd, greedy_body(ids, 16), k=2), "after the abort")
 
 
-def test_pools_return_to_idle(pdd):
-    for url in (pdd.relay.url, pdd.main.url):
-        deadline = time.monotonic() + 60
-        while True:
-            pool = {dict(k)["state"]: v for k, v in metric(url, "sglang_pdd_kv_pool_tokens").items()}
-            rows = {dict(k)["state"]: v for k, v in metric(url, "sglang_pdd_req_rows").items()}
-            idle = (pool and pool["available"] + pool["evictable"] == pool["total"] and pool["protected"] == 0
-                    and rows["free"] == pdd.idle_rows[url] and held_on_main(url) == 0)
-            if idle or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
-        assert idle, (url, pool)
+def test_pools_return_to_idle_on_both_decode_roles(pdd):
+    assert decode_roles_idle(pdd) == []
