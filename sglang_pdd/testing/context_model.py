@@ -68,6 +68,28 @@ def read_offsets(layers: int, heads: int, reach: int, local: int) -> list[list[t
     return out
 
 
+def prompt_positions_read(prompt_len: int, decode_steps: int, layers: int, heads: int,
+                          w: ContextWeights | None = None) -> set[int]:
+    """The prompt positions whose cached KV a decoder reads in `decode_steps` decode steps after a prompt
+    of `prompt_len` tokens (queries at positions prompt_len, prompt_len + 1, ...). Every head reads one
+    position, `q - d`, or its own where `q - d` is before the context; the KV the decoder writes itself
+    (positions >= prompt_len) is left out. A page of the prompt holding none of these positions may be
+    missing or wrong in a decoder's cache without changing its output: a negative control that withholds
+    such a page cannot fail (e.g. page 0 of 64 tokens under a 150-token prompt and 15 steps: layer 0 reads
+    back less than 64, the nearest far distances are 85 and 171)."""
+    w = w or ContextWeights()
+    offsets = read_offsets(layers, heads, w.reach, w.local)
+    out: set[int] = set()
+    for q in range(prompt_len, prompt_len + decode_steps):
+        for layer in offsets:
+            for peaks in layer:
+                for d in peaks:
+                    p = q - d if q - d >= 0 else q
+                    if p < prompt_len:
+                        out.add(p)
+    return out
+
+
 def rope_frequencies(head_dim: int, theta: float) -> np.ndarray:
     return np.array([theta ** (-2 * f / head_dim) for f in range(head_dim // 2)], dtype=np.float64)
 
