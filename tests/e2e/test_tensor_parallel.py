@@ -1,5 +1,6 @@
-"""TP 2 on every role (CPU, gloo; each server's two ranks bound to cores 0 and 1): P's fan-out sends each
-rank's KV shard to the same rank of RLD and MD; on RLD and MD rank 0 decides and rank 1 replays its
+"""TP 2 on every role (CPU, gloo; each server's two ranks bound to cores 0 and 1), RLD and MD on sglang's
+overlap scheduler (a GPU deployment's defaults): P's fan-out sends each rank's KV shard to the same rank
+of RLD and MD; on RLD and MD rank 0 decides and rank 1 replays its
 decisions (sglang_pdd.rank_sync): the handoff finish on RLD, holding, aborting and the handoff or
 catch-up EXTEND over RLD's token IDs on MD, so both ranks build the same batches. Tokens equal a
 single server's (TP 1), with a negative control that fails."""
@@ -23,7 +24,7 @@ NEW = 48
 @pytest.fixture(scope="module")
 def pdd(server_group, tiny_model):
     pdd = start_pdd(server_group, tiny_model, base_port=31400, bootstrap_port=8990, token_port=TOKEN_PORT,
-                    handoff_timeout=30, page_size=PAGE, tp=2)
+                    handoff_timeout=30, page_size=PAGE, tp=2, decode_overlap=True)
     for s in (pdd.prefill, pdd.relay, pdd.main):
         info = http_json(s.url + "/get_server_info")[1]
         assert info["tp_size"] == 2, info.get("tp_size")
