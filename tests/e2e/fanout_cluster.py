@@ -28,6 +28,7 @@ from .cluster import kv_bytes_per_token
 
 
 NEW_TOKENS = 16
+PAGE64_CHUNK = 128  # P's --chunked-prefill-size with pages of 64: two pages a chunk
 MAIN_BOOTSTRAP_TIMEOUT = 6  # --pdd-main-bootstrap-timeout of P, seconds
 SLOW_MAIN_WRITE = 4.0  # seconds P sleeps before each KV write to the main (knob), for abort / kill
 FIGURES: dict[str, object] = {}
@@ -72,12 +73,12 @@ class Fanout:
         return self.pages_bytes(len(ids)) - self.main_prefix(ids) * self.kvb
 
 
-def start_fanout(log_dir: str, model: str, *, page_size: int, base: int, boot: int):
+def start_fanout(log_dir: str, model: str, *, page_size: int, base: int, boot: int, prefill_chunk: int = -1):
     group = ServerGroup(log_dir)
     knobs = os.path.join(log_dir, f"fanout-knobs-{base}.json")
     common = dict(model=model, bootstrap_port=boot, page_size=page_size)
     p = group.start(f"fanout-prefill-{base}", ServerConfig(
-        port=base, nccl_port=base + 1000, mode="prefill", **common,
+        port=base, nccl_port=base + 1000, mode="prefill", chunked_prefill_size=prefill_chunk, **common,
         extra=["--pdd-role", "prefill", "--pdd-main-bootstrap-timeout", str(MAIN_BOOTSTRAP_TIMEOUT)],
         env={"SGLANG_PDD_TEST_KNOBS": knobs}))
     relay = group.start(f"fanout-relay-{base + 1}", ServerConfig(
@@ -97,8 +98,11 @@ def fan1(private_netns, tiny_model, log_dir):
 
 
 @pytest.fixture(scope="class")
-def fan16(private_netns, tiny_model, log_dir):
-    group, fan = start_fanout(log_dir, tiny_model, page_size=16, base=30900, boot=8994)
+def fan64(private_netns, tiny_model, log_dir):
+    """Pages of 64 and P's chunked prefill of 128: a 400-token prompt leaves P in 4 chunks. (Pages of 16
+    with P's chunked prefill fan out in tests/e2e/test_relay_handoff.py, P -> RLD + MD.)"""
+    group, fan = start_fanout(log_dir, tiny_model, page_size=64, base=30900, boot=8994,
+                              prefill_chunk=PAGE64_CHUNK)
     with group:
         yield fan
 

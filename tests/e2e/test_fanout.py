@@ -5,11 +5,13 @@ the same body to P and the relay with room R, to the main with room R2, P's carr
 custom_params {"pdd": {"v": 1, "main_room": R2}}.
 
 Checks: both greedy outputs equal a single server's; the main's KV bytes are exactly its missed pages
-while the relay gets the whole prompt (page size 1 and 16); a main aborted or killed mid-transfer or
-never bootstrapping leaves the relay correct and P's pool idle; a malformed `pdd` parameter fails
-that request only; and, as a negative control, a main that misses one page more is caught by both
-the byte and the token comparison. A slow WAN write and the extra skipped page come from the
-test-only knobs file (test_switches.TestKnobs, SGLANG_PDD_TEST_KNOBS) that P re-reads.
+while the relay gets the whole prompt (pages of 1; pages of 64 with P's chunked prefill of 128,
+prompts of several chunks); a main aborted or killed mid-transfer or never bootstrapping leaves the
+relay correct and P's pool idle; a malformed `pdd` parameter fails that request only; and, as negative
+controls, a main that misses one page more (the first it lacks, on a prompt it has never seen or past
+3 pages it caches) is caught by both the byte and the token comparison. A slow WAN write and the extra
+skipped page come from the test-only knobs file (test_switches.TestKnobs, SGLANG_PDD_TEST_KNOBS) that
+P re-reads.
 """
 
 from __future__ import annotations
@@ -27,13 +29,17 @@ import pytest
 from sglang_pdd.protocol.request import RequestParams
 from sglang_pdd.protocol.request_auth import signer_from_env
 from sglang_pdd.testing.client import generate, greedy_body
+from sglang_pdd.testing.context_model import prompt_positions_read
 from sglang_pdd.testing.servers import http_json
+from sglang_pdd.testing.tiny_model import TinyModelSpec
 
-from .fanout_cluster import (  # noqa: F401  (fan1, fan16 and the autouse figures are fixtures)
+from .fanout_cluster import (  # noqa: F401  (fan1, fan64 and the autouse figures are fixtures)
     FIGURES, MAIN_BOOTSTRAP_TIMEOUT, NEW_TOKENS, SLOW_MAIN_WRITE, assert_prefill_idle, assert_same,
-    conversation_bytes, fan1, fan16, fanout_generate, figures, ids_of, moved, path_bytes, reference, with_pdd)
+    conversation_bytes, fan1, fan64, fanout_generate, figures, ids_of, moved, path_bytes, reference, with_pdd)
 
 pytestmark = pytest.mark.e2e
+
+SPEC = TinyModelSpec()  # the test model's geometry (tests/conftest.py builds the default)
 
 
 # ---- page size 1 ---------------------------------------------------------------------------------
@@ -189,28 +195,42 @@ class TestPageSize1:
                                   "slow_write_s": SLOW_MAIN_WRITE, "write_to_dead_main_failed": bool(dead_write)}
 
 
-# ---- page size 16 --------------------------------------------------------------------------------
+# ---- pages of 64, P's chunked prefill of 128 ------------------------------------------------------
 
-class TestPageSize16:
+class TestPageSize64ChunkedPrefill:
     def test_main_gets_exactly_its_missed_pages_and_both_outputs_match_a_single_server(
-            self, fan16, reference_server, prompts):
-        FIGURES["page16"] = conversation_bytes(fan16, reference_server, prompts, seed=901)
+            self, fan64, reference_server, prompts):
+        FIGURES["page64_chunk128"] = conversation_bytes(fan64, reference_server, prompts, seed=901)
 
-    def test_negative_control_main_missing_one_page_is_caught(self, fan16, reference_server, prompts):
-        # A short prompt never seen by the main (prefix 0), so one page is a third of its KV.
-        ids = prompts.ids(48, seed=910)
+    @pytest.mark.parametrize("cached", [0, 3], ids=["main-caches-nothing", "main-caches-3-pages"])
+    def test_negative_control_main_missing_one_page_is_caught(self, fan64, reference_server, prompts, cached):
+        """A 448-token prompt (7 pages; 4 of P's chunks, or 2 past P's own cache) of which the main
+        caches `cached` pages; P withholds the next one too. That page must be one the main's decode
+        steps read, or no output could show it: on this model page 0 under a 150-token prompt is read
+        by none (context_model.prompt_positions_read), and a control built on it held (730b2a2). The
+        main's cache keeps the control's prompt with its unfilled page: the controls run last."""
+        head = []
+        if cached:  # an earlier request leaves the main its pages; the control's prompt goes on with new text
+            head = prompts.ids(cached * 64, seed=915)
+            r = fanout_generate(fan64, head)
+            assert_same(reference(reference_server, head), r["main"], "control's first request: the main")
+        ids = head + prompts.ids(448 - len(head), seed=910)
+        assert fan64.main_prefix(ids) == cached * 64
+        withheld = set(range(cached * 64, (cached + 1) * 64))
+        assert withheld & prompt_positions_read(len(ids), NEW_TOKENS - 1, SPEC.layers, SPEC.heads)
         want = reference(reference_server, ids)
-        expected_main_kv = fan16.main_miss_bytes(ids)
-        fan16.set_knobs(main_extra_skip_pages=1)
+        expected_main_kv = fan64.main_miss_bytes(ids)
+        fan64.set_knobs(main_extra_skip_pages=1)
         try:
-            before = path_bytes(fan16)
-            r = fanout_generate(fan16, ids)
-            after = path_bytes(fan16)
+            before = path_bytes(fan64)
+            r = fanout_generate(fan64, ids)
+            after = path_bytes(fan64)
         finally:
-            fan16.set_knobs()
+            fan64.set_knobs()
         assert_same(want, r["relay"], "control: the relay")
+        assert moved(before, after, "relay") == fan64.pages_bytes(len(ids))
         main_kv = moved(before, after, "main")
-        assert main_kv == expected_main_kv - 16 * fan16.kvb and main_kv != expected_main_kv  # the byte check fails
+        assert main_kv == expected_main_kv - 64 * fan64.kvb and main_kv != expected_main_kv  # the byte check fails
         with pytest.raises(AssertionError, match="diverges from the single server"):  # and so does the token check
             assert_same(want, r["main"], "control: the main")
-        assert_prefill_idle(fan16)
+        assert_prefill_idle(fan64)
