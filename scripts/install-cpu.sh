@@ -15,7 +15,7 @@ SGLANG_VERSION=0.5.23
 TORCH_VERSION=2.13.0
 TORCHVISION_VERSION=0.28.0
 TRITON_VERSION=3.8.0
-APT_PKGS=(libibverbs1 iproute2 iptables procps)
+APT_PKGS=(libibverbs1 iproute2 iptables procps curl)  # curl: examples/cpu-two-dc/run.sh
 
 log() { printf '[install-cpu] %s\n' "$*" >&2; }
 quiet_pip() { grep -v -e 'is ignored: it is neither a file nor a directory' -e '^$' || true; }

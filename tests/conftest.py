@@ -56,7 +56,7 @@ def pytest_terminal_summary(terminalreporter):
         for line in FIGURES:
             tr.write_line(line)
     ran = [r for key in ("passed", "failed") for r in tr.stats.get(key, [])
-           if r.when == "call" and r.nodeid.startswith("tests/e2e/")]
+           if r.when == "call" and (r.nodeid.startswith("tests/e2e/") or "e2e" in r.keywords)]
     tr.write_line(f"sglang-pdd: {len(ran)} e2e tests ran ({sum(r.passed for r in ran)} passed)")
 
 

@@ -1,13 +1,20 @@
 """examples/cpu-two-dc: the script's dry run (PDD_DRY_RUN=1) starts P and RLD in namespace A and MD in
 B with flags sglang 0.5.23 and the plugin accept, a router that points at them, and the CPU flags and
-environment the testbed verified (sglang_pdd.testing.launch_args). Nothing is started."""
+environment the testbed verified (sglang_pdd.testing.launch_args). Nothing is started there.
+
+`test_the_script_runs_end_to_end` (e2e) runs the script for real, as a user does, and checks what a user
+looks for: it exits 0, the chat request's answer came P -> RLD -> MD with a handoff and is a single
+server's answer, and nothing it started is left."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
+import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -85,6 +92,8 @@ def test_the_sites_and_the_router(plan):
     assert args.prefill == [[url(p), opt(p, "--disaggregation-bootstrap-port")]]
     assert args.relay == [[url(rld), opt(rld, "--pdd-token-port")]]
     assert args.main == [[url(md)]]
+    # MD accepts token channels only from the relays it names: the one the router hands it
+    assert opt(md, "--pdd-relays") == f"tcp://{opt(rld, '--host')}:{opt(rld, '--pdd-token-port')}"
     ev = json.loads(opt(md, "--kv-events-config"))
     assert args.main_kv_events == [[f"tcp://{opt(md, '--host')}:{ev[k].rsplit(':', 1)[1]}"
                                      for k in ("endpoint", "replay_endpoint")]]
@@ -111,3 +120,84 @@ def test_the_secret_is_a_file_for_every_role_and_the_router(plan):
 def test_the_script_is_valid_bash():
     r = subprocess.run(["bash", "-n", SCRIPT], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+RESULT = re.compile(r"^PDD result: pipeline=(?P<pipeline>\S+) handoff=(?P<handoff>\S+) "
+                    r"rld_tokens=(?P<rld>\d+) md_tokens=(?P<md>\d+) text=(?P<text>.*)$", re.M)
+
+
+def _leftovers(work, names) -> tuple[set[str], list[int], bool]:
+    """The script's namespaces still there, the PIDs of processes it started still running (every server
+    and the router carry its secret file in their environment), and whether its WAN veth is still here."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    mark = f"SGLANG_PDD_SECRET_FILE={work}/secret".encode()
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if mark in f.read().split(b"\0"):
+                    pids.append(int(pid))
+        except OSError:
+            continue
+    veth = subprocess.run(["ip", "link", "show", "pdd-wan-a"], capture_output=True).returncode == 0
+    return set(names) & set(listed), pids, veth
+
+
+@pytest.mark.e2e
+def test_the_script_runs_end_to_end(plan, tmp_path, tiny_model, reference_server, figures):
+    """The README's `sudo bash examples/cpu-two-dc/run.sh`, with the suite's tiny model, namespaces and a
+    work dir of its own. The answer it prints is the single server's (seeded sampling), and another seed
+    gives another answer (so the comparison decides); every server, the router and both namespaces are
+    gone when it returns."""
+    for tool in ("tc", "curl"):  # root and `ip`: the private namespace the reference server runs in
+        if shutil.which(tool) is None:
+            pytest.skip(f"examples/cpu-two-dc/run.sh needs {tool}")
+    names = (f"pdd-ex{os.getpid()}a", f"pdd-ex{os.getpid()}b")
+    work = tmp_path / "work"
+    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", str(tmp_path)), "PDD_PYTHON": sys.executable,
+           "PDD_MODEL": tiny_model, "PDD_WORK": str(work), "PDD_NS_A": names[0], "PDD_NS_B": names[1]}
+    proc = subprocess.Popen(["bash", SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, start_new_session=True)
+    try:
+        try:
+            out, _ = proc.communicate(timeout=600)
+        except subprocess.TimeoutExpired:
+            proc.terminate()  # its trap stops the servers and deletes the namespaces
+            out, _ = proc.communicate(timeout=60)
+            pytest.fail(f"run.sh did not finish in 600 s:\n{out[-4000:]}")
+        left = _leftovers(work, names)
+    finally:  # whatever happened, leave nothing behind for the rest of the session
+        _, pids, _ = _leftovers(work, names)
+        for pid in pids:
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        for ns in names:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    logs = "".join(f"\n== {p.name}\n" + p.read_text()[-1500:] for p in sorted(work.glob("*.log")))
+    assert proc.returncode == 0, f"run.sh exited {proc.returncode}:\n{out[-4000:]}{logs}"
+    assert left == (set(), [], False), f"left behind (namespaces, PIDs, veth): {left}"
+
+    body = json.loads(next(a for a in plan["run"] if "/v1/chat/completions" in " ".join(a))[-1])
+    answer = json.loads(next(line for line in out.splitlines() if line.startswith('{"id"')))
+    text = answer["choices"][0]["message"]["content"]
+    assert answer["usage"]["completion_tokens"] == body["max_tokens"] and text
+    m = RESULT.search(out)
+    assert m, f"no result line:\n{out}"
+    assert m["pipeline"] == "P->RLD->MD" and m["handoff"] in ("one-shot", "catch-up"), m[0]
+    k, n_md = int(m["rld"]), int(m["md"])
+    assert k >= 1 and n_md >= 1 and k + n_md == body["max_tokens"], m[0]  # RLD decoded k, MD the rest
+    assert json.loads(m["text"]) == text
+    assert re.search(r"^WAN: (netem|tbf), ", out, re.M), out
+    assert (work / "secret").stat().st_mode & 0o077 == 0  # the token channel's secret: the owner's only
+
+    from sglang_pdd.testing.servers import http_json
+
+    status, ref = http_json(reference_server.url + "/v1/chat/completions", body)
+    assert status == 200 and ref["usage"]["prompt_tokens"] == answer["usage"]["prompt_tokens"], ref
+    assert text == ref["choices"][0]["message"]["content"]  # seeded: the single server's tokens, via P->RLD->MD
+    status, other = http_json(reference_server.url + "/v1/chat/completions", {**body, "seed": body["seed"] + 1})
+    assert status == 200 and other["choices"][0]["message"]["content"] != text  # the seed decides the tokens
+    figures.append(f"examples/cpu-two-dc/run.sh: {m['pipeline']}, {m['handoff']} handoff after {k} of "
+                   f"{body['max_tokens']} tokens, the single server's answer; nothing left behind")
