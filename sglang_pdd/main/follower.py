@@ -80,8 +80,7 @@ class MainFollower(DecodeRole):
             self.last_extend = batch
         else:
             self._chunks[chunk_key(batch)] = items
-        batch = self.scheduler.dp_attn_adapter.maybe_prepare_mlp_sync_batch(batch)
-        self.attention.arm(batch, batch.batch_size())
+        self.attention.arm(batch, batch.batch_size())  # the caller prepares it for DP attention, as on rank 0
         return batch, running_batch
 
     def on_batch_result(self, batch: Any, result: Any) -> bool:
