@@ -16,8 +16,8 @@ BAD_FLAGS = [
     (["--pdd-role", "relai"], "argument --pdd-role: invalid choice: 'relai' (choose from 'prefill', 'relay', 'main')"),
     (["--pdd-role", "relay"], "--pdd-role relay runs on --disaggregation-mode decode, got --disaggregation-mode null"),
     (["--pdd-role", "main", "--disaggregation-mode", "decode"], "--pdd-role main needs --disaggregation-decode-enable-radix-cache"),
-    (["--pdd-role", "relay", "--pdd-token-port", "18500", "--disaggregation-mode", "decode"],
-     "sglang-pdd: error: --pdd-role relay runs only with sglang's non-overlap scheduler"),
+    (["--pdd-role", "prefill", "--disaggregation-mode", "prefill", "--pdd-packed-wan", "plain", "--tp-size", "2"],
+     "sglang-pdd: error: --pdd-role prefill runs the packed WAN path only at --tp-size 1, got --tp-size 2"),
 ]
 
 
