@@ -91,6 +91,18 @@ class RankSync:
         self.group = getattr(scheduler, "tp_group", None)
         self.active = int(getattr(scheduler, "tp_size", 1) or 1) > 1 and self.group is not None
         self.leader = not self.active or self.group.rank == self.group.ranks[0]
+        self.pending: list = []  # rank 0: the ops recorded since the last poll-point round
+
+    def record(self, op: Any) -> None:
+        """Rank 0: an op for the next poll-point round (nothing is kept with TP 1)."""
+        if self.active:
+            self.pending.append(op)
+
+    def flush(self, busy: bool = False) -> None:
+        """Rank 0 at the poll point: send the ops recorded since the last one, with the role's `busy`."""
+        if self.active:
+            ops, self.pending = self.pending, []
+            self.exchange(Round(ops=ops, busy=busy))
 
     def exchange(self, sent: Round | None = None) -> Round:
         """Rank 0 sends `sent` (and gets it back); every other rank gets rank 0's. All ranks must call."""

@@ -48,8 +48,7 @@ class MainRuntime(DecodeRole):
         self._drop_after_extend: list = []  # negative control: (req, n, k) whose eager KV is discarded
         self._held_published = -1
         self.sync = RankSync(scheduler)  # TP > 1: the other ranks replay this rank's decisions
-        self._ops: list = []  # this iteration's decisions, for them
-        self._extend_op = None
+        self._extend_op = None  # this selection's EXTEND, for them
 
     def start(self) -> None:
         """Warm the handoff attention kernel up for this pool (CUDA only)."""
@@ -102,7 +101,7 @@ class MainRuntime(DecodeRole):
         keep = []
         for req in s.waiting_queue:
             if self.handoff.is_relayed(req) and not req.finished():
-                self._ops.append(Hold(req.rid))
+                self.sync.record(Hold(req.rid))
                 ended = self.handoff.kv_arrived(req, md_batch=self.md_batch())  # leaves sglang's queues: held until the tokens come
                 if ended is not None:
                     self._abort(ended)
@@ -113,9 +112,8 @@ class MainRuntime(DecodeRole):
         for a in self.handoff.poll():
             self._abort(a)
         self._publish_held()
-        ops, self._ops = self._ops, []
         if self.sync.active:
-            self.sync.exchange(Round(ops=ops, busy=self.busy()))
+            self.sync.flush(busy=self.busy())
 
     def _publish_held(self) -> None:
         """The held gauge whenever it changes (clients wait on it), not only at the publish rate."""
@@ -137,7 +135,7 @@ class MainRuntime(DecodeRole):
             metrics.record_relay_finished("main")
         else:
             metrics.record_handoff_failure("main", a.message.split(":")[1].strip()[:40] if ":" in a.message else "error")
-        self._ops.append(RankAbort(a.req.rid, a.held, a.message, a.relay_finished, keep_kv))
+        self.sync.record(RankAbort(a.req.rid, a.held, a.message, a.relay_finished, keep_kv))
         end_request(self.scheduler, a.req, a.held, a.message, a.relay_finished, keep_kv)
 
     def on_abort_request(self, rid: str, message: str | None, abort_all: bool = False) -> None:
@@ -251,8 +249,10 @@ class MainRuntime(DecodeRole):
                 self._abort(Abort(p.req, held=True, message=f"pdd: handoff failed: {e}", relay_finished=False),
                             keep_kv=False)
             return None, running_batch
-        self._extend_op = Extend(final, tuple(ExtendItem(p.req.rid, p.have, tuple(p.tokens),
-                                                         tuple(p.logprobs) if p.logprobs else None) for p in items))
+        if self.sync.active:
+            self._extend_op = Extend(final, tuple(ExtendItem(p.req.rid, p.have, tuple(p.tokens),
+                                                             tuple(p.logprobs) if p.logprobs else None)
+                                                  for p in items))
         if not final:
             self._chunks[chunk_key(batch)] = items
             return batch, running_batch

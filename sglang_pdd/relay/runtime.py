@@ -10,7 +10,7 @@ from sglang_pdd.config import PddConfig
 from sglang_pdd.decode_role import DecodeRole
 from sglang_pdd.protocol.channel import RelayChannel
 from sglang_pdd.protocol.handoff_finish import HandoffFinish
-from sglang_pdd.rank_sync import Finish, RankSync, Round
+from sglang_pdd.rank_sync import Finish, RankSync
 from sglang_pdd.relay.handoff import RelayHandoff
 from sglang_pdd.policy.handoff_mode import HandoffModeConfig, HandoffModePolicy
 from sglang_pdd.test_switches import OFF, TestSwitches
@@ -51,7 +51,6 @@ class RelayRuntime(DecodeRole):
         self.handoff = RelayHandoff(self.channel, timeout_s=cfg.handoff_timeout, policy=policy, record=_record)
         self.switches = switches
         self.sync = RankSync(scheduler)  # TP > 1: the other ranks replay this rank's handoff finishes
-        self._ops: list = []
         idle_wait.watch(scheduler, self.channel.sock)  # tokens from MD end an idle wait
         logger.info("sglang-pdd relay: token channel on %s%s", self.channel.address,
                     " (CURVE encrypted)" if self.channel.encrypted else "")
@@ -78,7 +77,7 @@ class RelayRuntime(DecodeRole):
         """End the request now, between two decode steps: its stream carries exactly t1..tk (on every
         TP rank: the other ranks replay it, rank_sync)."""
         end_with_handoff(self.scheduler, req, k, mode)
-        self._ops.append(Finish(req.rid, k, mode))
+        self.sync.record(Finish(req.rid, k, mode))
         metrics.record_handoff("relay", k)
 
     # -- DecodeRole ---------------------------------------------------------------------------
@@ -87,9 +86,7 @@ class RelayRuntime(DecodeRole):
 
     def poll(self) -> None:
         self.handoff.poll(self)
-        ops, self._ops = self._ops, []
-        if self.sync.active:
-            self.sync.exchange(Round(ops=ops))
+        self.sync.flush()
 
 
 def end_with_handoff(s: Any, req: Any, k: int, mode: str) -> None:

@@ -114,3 +114,20 @@ def test_relay_follower_finishes_the_request_rank_0_handed_over(monkeypatch):
     assert done == [("b", 1, "one-shot"), ("a", 7, "catch-up")]
     with pytest.raises(RuntimeError, match="request c is not decoding here"):
         f.poll()
+
+
+def test_rank_0_records_ops_for_the_next_poll_round_and_tp1_keeps_none():
+    sync = RankSync(SimpleNamespace(tp_size=1, tp_group=None))
+    sync.record(Hold("a"))
+    sync.flush(busy=True)
+    assert sync.pending == []
+    group = SimpleNamespace(rank=0, ranks=[0, 1], cpu_group=None)
+    sync = RankSync(SimpleNamespace(tp_size=2, tp_group=group))
+    sent = []
+    sync.exchange = lambda r=None: sent.append(r) or r
+    sync.record(Hold("a"))
+    sync.record(Abort("b", True, "gone", False))
+    sync.flush(busy=True)
+    sync.flush()
+    assert [(r.ops, r.busy) for r in sent] == [([Hold("a"), Abort("b", True, "gone", False)], True), ([], False)]
+    assert sync.pending == []
