@@ -14,6 +14,12 @@ wire: a full transfer takes seconds, as in the paper, while a 90 %-hit turn move
   odd-traffic share; ~3x longer.
 * `cold`: 4 sessions x 2 turns, 16 output tokens, every turn under 5 % hit: nearly the whole KV
   crosses the WAN each time (what the packed WAN path is for; TTFT is then mostly the transfer).
+* `demo`: the cold preset's first 3 sessions (6 turns): the README demo's preset, sized so that
+  three systems twice over fit in about 8 minutes with a verdict that does not flip.
+* `congested`: the paper's agentic mix (6 sessions x up to 4 turns, 64 output tokens) on a shared
+  line: an unpaced bulk TCP flow from A to B runs through the whole measured window (it fills the
+  link's queue and takes its TCP share of the rate) and the delay jitters by +-5 ms. The regime
+  where the simulator says RelayDecode pays for itself (docs/sim.md section D).
 """
 
 from __future__ import annotations
@@ -40,6 +46,15 @@ class Sla:
 
 
 @dataclass(frozen=True)
+class Background:
+    """A bulk TCP flow sharing the link over the measured window (testbed/bulk_flow.py)."""
+    src: str = "A"
+    dst: str = "B"
+    pace_mbit: float | None = None  # None: as fast as TCP lets it
+    port: int = 45000
+
+
+@dataclass(frozen=True)
 class Preset:
     name: str
     workload: WorkloadConfig
@@ -48,6 +63,7 @@ class Preset:
     link: Link = field(default_factory=Link)
     sla: Sla = field(default_factory=Sla)
     request_timeout_s: float = 300.0
+    background: Background | None = None
 
     def requests(self) -> list[WorkloadRequest]:
         """The trace this preset replays (warm-ups included), see `select`."""
@@ -100,11 +116,17 @@ PRESETS: dict[str, Preset] = {
     "cold": Preset("cold", _cpu_workload(output_len=LengthRange(16, 16), request_rate=0.3,
                                          hit_histogram=HitHistogram((HitBucket(0.0, 0.05, 1.0),))),
                    max_sessions=4, max_turns=2),
+    "congested": Preset("congested", _cpu_workload(request_rate=1.0, duration_s=120.0, output_len=LengthRange(64, 64),
+                                                   odd_fraction=0.035, odd_output_len=LengthRange(8, 32),
+                                                   mean_turns=8.0),
+                        max_sessions=6, max_turns=4, link=Link(jitter_ms=5.0), background=Background()),
     "paper": Preset("paper", _cpu_workload(request_rate=1.0, duration_s=120.0, output_len=LengthRange(64, 64),
                                            odd_fraction=0.035, odd_output_len=LengthRange(8, 32),
                                            mean_turns=8.0),
                     max_sessions=8, max_turns=6),
 }
+
+PRESETS["demo"] = replace(PRESETS["cold"], name="demo", max_sessions=3)
 
 
 def get_preset(name: str) -> Preset:

@@ -68,6 +68,39 @@ def aggregate(per_repeat: Mapping[str, Sequence[dict[str, float] | None]], basel
     return out
 
 
+HIGHER_IS_BETTER = {"goodput (share)"}
+
+
+def verdicts(agg: dict, baseline: str | None) -> dict[str, dict[str, tuple[int, int]]]:
+    """system -> figure -> (repeats in which the system was better than `baseline`, repeats compared).
+    A verdict is stable when it is all or none of them; a tie (ratio 1) counts as not better."""
+    out: dict = {}
+    if not baseline:
+        return out
+    for system, per_fig in agg.items():
+        if system == baseline:
+            continue
+        out[system] = {}
+        for fig, d in per_fig.items():
+            rs = [r for r in d["ratios"] if not math.isnan(r)]
+            better = sum((r > 1) if fig in HIGHER_IS_BETTER else (r < 1) for r in rs)
+            out[system][fig] = (better, len(rs))
+    return out
+
+
+def verdict_lines(agg: dict, baseline: str | None) -> list[str]:
+    lines = []
+    for system, per_fig in verdicts(agg, baseline).items():
+        parts = []
+        for fig, (better, n) in per_fig.items():
+            if n:
+                state = "stable" if better in (0, n) else "flips"
+                parts.append(f"{fig} better in {better}/{n} ({state})")
+        if parts:
+            lines.append(f"* `{system}` against `{baseline}`, repeat by repeat: " + "; ".join(parts) + ".")
+    return lines + [""] if lines else []
+
+
 def _fmt(x: float, spec: str) -> str:
     return "n/a" if x is None or math.isnan(x) else format(x, spec)
 
@@ -90,4 +123,4 @@ def markdown(agg: dict, baseline: str | None, repeats: int) -> list[str]:
                 cell += "<br>x " + " / ".join(_fmt(r, ".2f") for r in d["ratios"])
             cells.append(cell)
         lines.append(f"| {system} | " + " | ".join(cells) + " |")
-    return lines + [""]
+    return lines + [""] + verdict_lines(agg, baseline)

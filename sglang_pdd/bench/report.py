@@ -105,6 +105,7 @@ def report_dict(run) -> dict:
             "summary": s.summary.to_dict() if s.summary else None,
             "pdd": pdd_report.pdd_stats(s.records) if any(r.pipeline for r in s.records) else None,
             "wan": {"a_to_b": s.wan.a_to_b, "b_to_a": s.wan.b_to_a, "kv_sent": s.wan.kv_sent},
+            "background": getattr(s, "background", {}) or None,
             "requests": [r.to_dict() for r in s.records]} for s in run.systems},
     }
 
@@ -158,7 +159,9 @@ def write_reports(run, out_dir: str) -> dict[str, str]:
           f"SLA: TTFT <= {run.preset.sla.ttft_s} s and TPOT <= {run.preset.sla.tpot_s * 1e3:.0f} ms. "
           f"Link: {run.testbed.get('delay_ms')} ms one way, {run.testbed.get('rate_mbit')} Mbit/s. "
           f"Runtime {run.runtime_s:.0f} s.", "", idle_statement(run), "",
-          f"Placement: {_placement_text(getattr(run, 'placement', {}))}.", "", markdown_table(summaries), ""]
+          f"Placement: {_placement_text(getattr(run, 'placement', {}))}.", ""]
+    md += _background_text(run)
+    md += [markdown_table(summaries), ""]
     n = getattr(run, "repeats", 1)
     if n > 1:
         md += repeats.markdown(repeat_aggregate(run), getattr(run, "baseline", None), n)
@@ -172,6 +175,17 @@ def write_reports(run, out_dir: str) -> dict[str, str]:
     with open(paths["md"], "w", encoding="utf-8") as f:
         f.write("\n".join(md) + "\n")
     return paths
+
+
+def _background_text(run) -> list[str]:
+    """The bulk flow that shared the link (congested presets): what it was and what it got."""
+    flows = [(s.label or s.name, s.background) for s in run.systems if getattr(s, "background", None)]
+    if not flows:
+        return []
+    kind = flows[0][1]
+    got = ", ".join(f"{label} {bg['mbit'].get(bg['direction'], 0.0):.1f}" for label, bg in flows)
+    return [f"Background traffic: one {kind['kind']} flow {kind['direction']} over the whole measured window "
+            f"(its bytes are left out of WAN MiB/req); it averaged (Mbit/s over the window): {got}.", ""]
 
 
 def _placement_text(p: dict) -> str:

@@ -21,6 +21,7 @@ from sglang_pdd.bench.presets import Preset
 from sglang_pdd.bench.replay import progress_bar, replay, warm_up
 from sglang_pdd.bench.systems import Deployment, make_system
 from sglang_pdd.testbed import Testbed
+from sglang_pdd.testbed.bulk_flow import BulkFlow
 from sglang_pdd.testing.tiny_model import TinyModelSpec, build_cached
 from sglang_pdd.workload.generator import measured
 from sglang_pdd.workload.request import WorkloadRequest
@@ -45,6 +46,7 @@ class SystemRun:
     cpu: dict[str, dict] = field(default_factory=dict)  # per process group: cpu_s and busiest threads
     repeat: int = 0  # which of --repeat's rounds (0-based)
     label: str = ""  # unique within the run: the name, with "-r<k>" when there are several repeats
+    background: dict = field(default_factory=dict)  # the bulk flow sharing the link, if the preset has one
 
 
 @dataclass
@@ -71,10 +73,12 @@ def _delta(after: dict[str, int], before: dict[str, int]) -> tuple[int, int]:
     return after["A->B"] - before["A->B"], after["B->A"] - before["B->A"]
 
 
-def _cpu_groups(system, tb) -> dict[str, list[int]]:
+def _cpu_groups(system, tb, flow: BulkFlow | None = None) -> dict[str, list[int]]:
     groups = {s.name: s.group_pids() for s in system.servers()}
     for side, pid in getattr(tb, "daemon_pids", lambda: {})().items():
         groups[f"delay daemon {side}"] = [pid]
+    if flow is not None:
+        groups["background flow"] = flow.pids()
     groups["bench (client)"] = [os.getpid()]
     return groups
 
@@ -90,6 +94,7 @@ def run_system(name: str, tb, model_dir: str, reqs: list[WorkloadRequest], prese
                     repeat=repeat, label=label)
     client_ns = tb.ns(system.client_side)
     t0 = time.monotonic()
+    flow = None
     try:
         system.start(Deployment(tb, model_dir, run.log_dir, kv_bytes_per_token, tuple(server_flags), dict(cpus or {}),
                                 dict(threads or {})))
@@ -97,14 +102,23 @@ def run_system(name: str, tb, model_dir: str, reqs: list[WorkloadRequest], prese
         logger.info("%s: servers up in %.1f s; %d warm-ups", name, run.startup_s,
                     sum(r.warmup for r in reqs))
         run.warmup_failed = client_ns.call(warm_up, system.send_warmup, reqs, vocab_size, preset.request_timeout_s)
+        if preset.background is not None:  # the shared line's own traffic, over the whole measured window
+            bg = preset.background
+            flow = BulkFlow(tb, bg.src, bg.dst, bg.port, bg.pace_mbit).start()
         kv0, sl0 = client_ns.call(system.kv_bytes_sent), client_ns.call(system.kv_slices_sent)
         cpu0 = cpu.snapshot(system.servers())
-        groups = _cpu_groups(system, tb)
+        groups = _cpu_groups(system, tb, flow)
         threads0 = cpu.take(groups)
-        link0 = tb.link_bytes()
+        link0, flow0, tw0 = tb.link_bytes(), flow.wire_bytes() if flow else None, time.monotonic()
         bar = progress_bar(len(measured(reqs)), name, show_progress)
         run.records = client_ns.call(replay, system.send, reqs, vocab_size, preset.request_timeout_s, bar)
         link1 = tb.link_bytes()
+        if flow is not None:  # its bytes are the line's, not the system's: left out of the WAN bytes
+            flow1, span = flow.wire_bytes(), max(time.monotonic() - tw0, 1e-9)
+            fb = {k: flow1[k] - flow0[k] for k in flow1}
+            link1 = {k: link1[k] - fb[k] for k in link1}
+            run.background = {**flow.describe(), "wire_bytes": fb,
+                              "mbit": {k: v * 8 / span / 1e6 for k, v in fb.items()}}
         run.cpu = cpu.window(cpu.take(groups), threads0)
         run.cpu_s = cpu.delta(cpu.snapshot(system.servers()), cpu0)
         kv1, sl1 = client_ns.call(system.kv_bytes_sent), client_ns.call(system.kv_slices_sent)
@@ -116,6 +130,8 @@ def run_system(name: str, tb, model_dir: str, reqs: list[WorkloadRequest], prese
         logger.exception("%s failed", name)
         run.error = f"{type(e).__name__}: {e}"
     finally:
+        if flow is not None:
+            flow.stop()
         system.stop()
     return run
 

@@ -42,3 +42,29 @@ def test_presets_fit_the_tiny_model_and_bound_the_run(name):
 def test_unknown_preset_is_refused():
     with pytest.raises(ValueError, match="unknown preset"):
         get_preset("huge")
+
+
+def test_congested_preset_shares_the_line_with_a_bulk_flow_and_jitter():
+    p = get_preset("congested")
+    assert p.background is not None and (p.background.src, p.background.dst) == ("A", "B")
+    assert p.background.pace_mbit is None  # takes its TCP share, as a bulk copy does
+    assert p.link.jitter_ms > 0
+    # the paper's agentic mix, not cold turns: most turns are high-hit
+    m = measured(p.requests())
+    assert sum(r.prefix_hit_len / r.input_len > 0.9 for r in m) > len(m) / 2
+    assert all(get_preset(n).background is None for n in PRESETS if n != "congested")
+
+
+def test_demo_is_cold_turns_repeated_twice_unless_told_otherwise(monkeypatch):
+    from sglang_pdd import demo
+    seen = []
+    monkeypatch.setattr(demo, "bench_main", lambda argv: seen.append(argv) or 0)
+    demo.main([])
+    demo.main(["--preset=smoke", "--repeat", "1", "--systems", "pdd"])
+    first = dict(zip(seen[0][::2], seen[0][1::2]))
+    assert (first["--preset"], first["--repeat"], first["--systems"]) == ("demo", "2", "same-dc,cross-dc-drc,pdd")
+    assert seen[1][:5] == ["--preset=smoke", "--repeat", "1", "--systems", "pdd"]  # given flags win
+    assert seen[1][5] == "--out" and len(seen[1]) == 7
+    demo_p, cold = get_preset("demo"), get_preset("cold")
+    assert demo_p.workload == cold.workload and demo_p.max_sessions < cold.max_sessions
+    assert {r.request_id for r in measured(demo_p.requests())} < {r.request_id for r in measured(cold.requests())}

@@ -26,6 +26,21 @@ def test_medians_spread_and_ratios_are_per_repeat_against_the_same_repeats_basel
     assert "1.00 (1.00-1.00)<br>x 0.50 / 0.25 / n/a" in md
 
 
+def test_a_verdict_is_stable_only_when_every_repeat_agrees():
+    def figs(ttft, goodput):
+        return _figs(ttft) | {"goodput (share)": goodput}
+    agg = repeats.aggregate({"base": [figs(2.0, 0.5), figs(2.0, 0.5), figs(2.0, 0.5)],
+                             "a": [figs(1.0, 0.9), figs(1.5, 0.6), figs(1.9, 0.7)],
+                             "b": [figs(1.0, 0.4), figs(2.5, 0.5), figs(1.0, 0.9)]}, "base")
+    v = repeats.verdicts(agg, "base")
+    assert v["a"]["TTFT P50 (s)"] == (3, 3) and v["a"]["goodput (share)"] == (3, 3)  # lower TTFT, higher goodput
+    assert v["b"]["TTFT P50 (s)"] == (2, 3) and v["b"]["goodput (share)"] == (1, 3)  # a tie is not better
+    assert "base" not in v and "TTFT P99 (s)" not in v["a"] or v["a"]["TTFT P99 (s)"] == (0, 0)
+    md = "\n".join(repeats.markdown(agg, "base", 3))
+    assert "`a` against `base`, repeat by repeat: TTFT P50 (s) better in 3/3 (stable)" in md
+    assert "TTFT P50 (s) better in 2/3 (flips)" in md
+
+
 def _rec(rid, ttft, pipeline=""):
     return RequestRecord(request_id=rid, session_id=0, turn=0, input_len=10, hit_rate=0.0, sent_s=0.0, ok=True,
                          ttft_s=ttft, e2e_s=ttft + 1.0, tpot_s=0.1, pipeline=pipeline)
