@@ -51,10 +51,13 @@ def main(argv: list[str] | None = None) -> int:
                     "(0: Mooncake's spinning sync write)")
     ap.add_argument("--placement", default="shared", choices=PLACEMENTS, help="CPU sets per datacenter "
                     "(bench/placement.py)")
-    ap.add_argument("--prefill-threads", type=int, default=0, help="torch (OpenMP) threads of every prefill "
-                    "server (0: torch's default, one per CPU); bench/placement.py")
-    ap.add_argument("--decode-threads", type=int, default=0, help="torch threads of every decode server (the "
+    ap.add_argument("--prefill-threads", type=int, default=1, help="torch (OpenMP) threads of every prefill "
+                    "server (0: torch's default, one per CPU); bench/placement.py says why 1 is the default")
+    ap.add_argument("--decode-threads", type=int, default=1, help="torch threads of every decode server (the "
                     "baselines' decode, RLD and MD); 0: torch's default")
+    ap.add_argument("--omp-wait-policy", default="passive", choices=("passive", "active", "default"),
+                    help="OMP_WAIT_POLICY of every server of every system (passive: OpenMP workers sleep at "
+                    "their barriers instead of spinning; default: leave it unset)")
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("-v", "--verbose", action="store_true")
@@ -91,10 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or os.path.join("runs", f"bench-{preset.name}-{time.strftime('%Y%m%d-%H%M%S')}")
 
     os.environ[thread_names.ENV] = "1"  # servers (and this process's client threads) name their threads
+    if args.omp_wait_policy != "default":  # inherited by every server of every system
+        os.environ["OMP_WAIT_POLICY"] = args.omp_wait_policy.upper()
     thread_names.install()
     run = run_bench(systems, preset, out, args.artifacts, args.prefix, show_progress=not args.no_progress,
                     repeats=args.repeat, baseline=baseline, server_flags=server_flags, placement=args.placement,
-                    threads={"prefill": args.prefill_threads, "decode": args.decode_threads})
+                    threads={"prefill": args.prefill_threads, "decode": args.decode_threads},
+                    omp_wait=args.omp_wait_policy)
     paths = write_reports(run, out)
     if not args.no_plots:
         paths.update(write_plots(run, out))

@@ -13,6 +13,17 @@ the other between requests; with the idle spinning gone (--pdd-idle-wait-ms, --p
 an instance with nothing to do uses no CPU, so letting the kernel place the busy ones is the closer
 approximation. `per-dc` is there to check that a verdict does not hinge on cluster A's compute
 stealing from cluster B's (docs/bench.md).
+
+Threads (`--prefill-threads`, `--decode-threads`, default 1 each) and `--omp-wait-policy` (default
+passive): torch's CPU engine runs one OpenMP worker per CPU in every server, and GNU OpenMP's workers
+spin at every barrier before they sleep. With three to five servers on 2 cores, every decode step of
+one server then fights the other's spinning workers (the same busy waiting the idle wait removed from
+the scheduler loops, one level down), and a decode step whose second worker is descheduled waits at
+the barrier. One thread per server and sleeping workers is the closer approximation of one machine
+per instance: each instance computes on one core and yields it when it has nothing to do. Measured
+(cold preset, docs/bench.md "Threads and OpenMP waiting"): pdd's relayed TPOT went from 2.1-5.2x
+cross-dc-drc's to within 1.5x, and every server's CPU per request fell. Every system, baselines
+included, gets the same settings; the report records them.
 """
 
 from __future__ import annotations
@@ -50,9 +61,12 @@ def thread_env(n: int) -> dict[str, str]:
     return {"OMP_NUM_THREADS": str(n)}
 
 
-def describe(placement: str, cpus: list[int] | None = None, threads: dict | None = None) -> dict:
-    """The placement as the report records it; `threads`: sglang mode -> torch threads (0: default)."""
+def describe(placement: str, cpus: list[int] | None = None, threads: dict | None = None,
+             omp_wait: str = "default") -> dict:
+    """The placement as the report records it; `threads`: sglang mode -> torch threads (0: default);
+    `omp_wait`: every server's OMP_WAIT_POLICY ("default": unset)."""
     sets = cpu_sets(placement, cpus)
     return {"placement": placement, "cpus": list(cpus if cpus is not None else _cpus()),
             "cpu_sets": sets or {"A": "all", "B": "all"}, "unpinned": ["bench client", "delay daemons"],
-            "threads": {m: (n or "default") for m, n in sorted((threads or {}).items())}}
+            "threads": {m: (n or "default") for m, n in sorted((threads or {}).items())},
+            "omp_wait_policy": omp_wait}

@@ -194,7 +194,8 @@ def _placement_text(p: dict) -> str:
     sets = p.get("cpu_sets", {})
     return (f"`{p.get('placement')}` (cluster A on CPUs {sets.get('A')}, cluster B on {sets.get('B')}; "
             f"{', '.join(p.get('unpinned', []))} unpinned; box CPUs {p.get('cpus')}; "
-            f"torch threads per server: {_threads_text(p.get('threads') or {})})")
+            f"torch threads per server: {_threads_text(p.get('threads') or {})}; "
+            f"OMP_WAIT_POLICY: {p.get('omp_wait_policy', 'default')})")
 
 
 def _threads_text(threads: dict) -> str:

@@ -139,7 +139,7 @@ def run_system(name: str, tb, model_dir: str, reqs: list[WorkloadRequest], prese
 def run_bench(systems: list[str], preset: Preset, out_dir: str, artifacts: str, prefix: str,
               show_progress: bool = True, repeats: int = 1, baseline: str | None = None,
               server_flags: tuple[str, ...] = (), placement: str = "shared",
-              threads: dict | None = None) -> BenchRun:
+              threads: dict | None = None, omp_wait: str = "default") -> BenchRun:
     t0 = time.monotonic()
     os.makedirs(out_dir, exist_ok=True)
     model_dir = build_cached(os.path.join(artifacts, "models"), TinyModelSpec())
@@ -164,4 +164,5 @@ def run_bench(systems: list[str], preset: Preset, out_dir: str, artifacts: str, 
                                        os.path.join(out_dir, "logs"), show_progress, info.get("kv_bytes_per_token"),
                                        r, repeats, server_flags, cpus, threads))
     return BenchRun(preset, trace_path, model_dir, info, runs, time.monotonic() - t0, tb_info, repeats,
-                    baseline, tuple(server_flags), place.describe(placement, threads=threads))
+                    baseline, tuple(server_flags), place.describe(placement, threads=threads,
+                                                                             omp_wait=omp_wait))
