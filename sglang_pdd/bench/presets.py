@@ -17,8 +17,8 @@ wire: a full transfer takes seconds, as in the paper, while a 90 %-hit turn move
 * `demo`: the cold preset's first 3 sessions (6 turns): the README demo's preset, sized so that
   three systems twice over fit in about 8 minutes with a verdict that does not flip.
 * `congested`: the paper's agentic mix (6 sessions x up to 4 turns, 64 output tokens) on a shared
-  line: an unpaced bulk TCP flow from A to B runs through the whole measured window (it fills the
-  link's queue and takes its TCP share of the rate) and the delay jitters by +-5 ms. The regime
+  line: an unpaced bulk TCP flow from A to B runs through the whole measured window (it takes its
+  TCP share of the rate from the KV transfers) and the delay jitters by +-5 ms. The regime
   where the simulator says RelayDecode pays for itself (docs/sim.md section D).
 """
 

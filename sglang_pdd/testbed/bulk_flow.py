@@ -9,9 +9,11 @@
 The sink runs in `dst`'s namespace and the sender in `src`'s, each its own process
 (`python -m sglang_pdd.testbed.bulk_flow sink|send ...`), so its CPU shows up separately in a
 benchmark's CPU table and never holds the client's GIL. Without `pace_mbit` the sender writes as
-fast as TCP lets it: it fills the link's queue (tbf's latency bound) and takes its TCP share of the
-rate from every other flow, as a bulk copy on a shared WAN does. With `pace_mbit` it is paced by the
-kernel (`SO_MAX_PACING_RATE`) at that rate.
+fast as TCP lets it: alone it carries the whole line (~96 of 100 Mbit/s), and beside other flows it
+takes its TCP share of the rate from them, as a bulk copy on a shared WAN does. It does not build a
+standing queue: the link's tbf sits on the sending host, where TCP small queues keep each socket's
+backlog to about a millisecond of data (the wait is in the sender's socket, not in the link). With
+`pace_mbit` it is paced by the kernel (`SO_MAX_PACING_RATE`) at that rate.
 
 `wire_bytes` counts the flow with two rules in the raw tables of the namespaces (data arriving in
 `dst` on the flow's port, ACKs arriving in `src` from it), inserted before the delay daemon's NFQUEUE
