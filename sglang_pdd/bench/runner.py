@@ -83,6 +83,17 @@ def _cpu_groups(system, tb, flow: BulkFlow | None = None) -> dict[str, list[int]
     return groups
 
 
+def _link_and_flow(tb, flow: BulkFlow | None) -> tuple[dict[str, int], dict[str, float] | None]:
+    """The link counters and, if a background flow runs, its own count at the same moment: the mean of
+    a read just before and one just after (the flow keeps sending while its rules are read)."""
+    if flow is None:
+        return tb.link_bytes(), None
+    before = flow.wire_bytes()
+    link = tb.link_bytes()
+    after = flow.wire_bytes()
+    return link, {k: (before[k] + after[k]) / 2 for k in after}
+
+
 def run_system(name: str, tb, model_dir: str, reqs: list[WorkloadRequest], preset: Preset,
                vocab_size: int, log_root: str, show_progress: bool = True,
                kv_bytes_per_token: int | None = None, repeat: int = 0, repeats: int = 1,
@@ -109,13 +120,14 @@ def run_system(name: str, tb, model_dir: str, reqs: list[WorkloadRequest], prese
         cpu0 = cpu.snapshot(system.servers())
         groups = _cpu_groups(system, tb, flow)
         threads0 = cpu.take(groups)
-        link0, flow0, tw0 = tb.link_bytes(), flow.wire_bytes() if flow else None, time.monotonic()
+        link0, flow0 = _link_and_flow(tb, flow)
+        tw0 = time.monotonic()
         bar = progress_bar(len(measured(reqs)), name, show_progress)
         run.records = client_ns.call(replay, system.send, reqs, vocab_size, preset.request_timeout_s, bar)
-        link1 = tb.link_bytes()
+        link1, flow1 = _link_and_flow(tb, flow)
         if flow is not None:  # its bytes are the line's, not the system's: left out of the WAN bytes
-            flow1, span = flow.wire_bytes(), max(time.monotonic() - tw0, 1e-9)
-            fb = {k: flow1[k] - flow0[k] for k in flow1}
+            span = max(time.monotonic() - tw0, 1e-9)
+            fb = {k: round(flow1[k] - flow0[k]) for k in flow1}
             link1 = {k: link1[k] - fb[k] for k in link1}
             run.background = {**flow.describe(), "wire_bytes": fb,
                               "mbit": {k: v * 8 / span / 1e6 for k, v in fb.items()}}
