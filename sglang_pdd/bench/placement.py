@@ -22,7 +22,8 @@ the scheduler loops, one level down), and a decode step whose second worker is d
 the barrier. One thread per server and sleeping workers is the closer approximation of one machine
 per instance: each instance computes on one core and yields it when it has nothing to do. Measured
 (cold preset, docs/bench.md "Threads and OpenMP waiting"): pdd's relayed TPOT went from 2.1-5.2x
-cross-dc-drc's to within 1.5x, and every server's CPU per request fell. Every system, baselines
+cross-dc-drc's (3 repeats, torch's defaults) to 1.14-1.56x (3 repeats, median 1.29x), and both
+systems used about a quarter less CPU. Every system, baselines
 included, gets the same settings; the report records them.
 """
 
