@@ -116,10 +116,6 @@ PRESETS: dict[str, Preset] = {
     "cold": Preset("cold", _cpu_workload(output_len=LengthRange(16, 16), request_rate=0.3,
                                          hit_histogram=HitHistogram((HitBucket(0.0, 0.05, 1.0),))),
                    max_sessions=4, max_turns=2),
-    "congested": Preset("congested", _cpu_workload(request_rate=1.0, duration_s=120.0, output_len=LengthRange(64, 64),
-                                                   odd_fraction=0.035, odd_output_len=LengthRange(8, 32),
-                                                   mean_turns=8.0),
-                        max_sessions=6, max_turns=4, link=Link(jitter_ms=5.0), background=Background()),
     "paper": Preset("paper", _cpu_workload(request_rate=1.0, duration_s=120.0, output_len=LengthRange(64, 64),
                                            odd_fraction=0.035, odd_output_len=LengthRange(8, 32),
                                            mean_turns=8.0),
@@ -127,6 +123,8 @@ PRESETS: dict[str, Preset] = {
 }
 
 PRESETS["demo"] = replace(PRESETS["cold"], name="demo", max_sessions=3)
+PRESETS["congested"] = replace(PRESETS["paper"], name="congested", max_sessions=6, max_turns=4,
+                               link=Link(jitter_ms=5.0), background=Background())
 
 
 def get_preset(name: str) -> Preset:

@@ -105,7 +105,7 @@ def report_dict(run) -> dict:
             "summary": s.summary.to_dict() if s.summary else None,
             "pdd": pdd_report.pdd_stats(s.records) if any(r.pipeline for r in s.records) else None,
             "wan": {"a_to_b": s.wan.a_to_b, "b_to_a": s.wan.b_to_a, "kv_sent": s.wan.kv_sent},
-            "background": getattr(s, "background", {}) or None,
+            "background": s.background or None,
             "requests": [r.to_dict() for r in s.records]} for s in run.systems},
     }
 
@@ -179,7 +179,7 @@ def write_reports(run, out_dir: str) -> dict[str, str]:
 
 def _background_text(run) -> list[str]:
     """The bulk flow that shared the link (congested presets): what it was and what it got."""
-    flows = [(s.label or s.name, s.background) for s in run.systems if getattr(s, "background", None)]
+    flows = [(s.label or s.name, s.background) for s in run.systems if s.background]
     if not flows:
         return []
     kind = flows[0][1]

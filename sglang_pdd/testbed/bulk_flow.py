@@ -31,9 +31,9 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from sglang_pdd.testbed.link import IFNAME
+from sglang_pdd.testbed.testbed import child_env
 
 logger = logging.getLogger(__name__)
 
@@ -41,13 +41,6 @@ SO_MAX_PACING_RATE = 47  # linux/asm-generic/socket.h
 ETH_HEADER = 14
 CHUNK = 1 << 20
 CONNECT_TIMEOUT_S = 10.0
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-    return env
 
 
 def _rule(port_match: str, port: int) -> list[str]:
@@ -89,11 +82,11 @@ class BulkFlow:
         exe = [sys.executable, "-m", "sglang_pdd.testbed.bulk_flow"]
         dst_addr = self.tb.addr(self.dst)
         self._procs.append(subprocess.Popen(dns.argv(exe + ["sink", "--host", dst_addr, "--port", str(self.port)]),
-                                            env=_env(), stdout=subprocess.DEVNULL, start_new_session=True))
+                                            env=child_env(), stdout=subprocess.DEVNULL, start_new_session=True))
         send = exe + ["send", "--host", dst_addr, "--port", str(self.port)]
         if self.pace_mbit:
             send += ["--pace-mbit", f"{self.pace_mbit:g}"]
-        self._procs.append(subprocess.Popen(sns.argv(send), env=_env(), stdout=subprocess.DEVNULL,
+        self._procs.append(subprocess.Popen(sns.argv(send), env=child_env(), stdout=subprocess.DEVNULL,
                                             start_new_session=True))
         deadline = time.monotonic() + CONNECT_TIMEOUT_S
         while self.wire_bytes()[f"{self.src}->{self.dst}"] == 0:  # flowing: the sink accepted and data arrives

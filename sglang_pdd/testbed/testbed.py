@@ -58,7 +58,7 @@ def _other(side: str) -> str:
     return "B" if side == "A" else "A"
 
 
-def _child_env() -> dict[str, str]:
+def child_env() -> dict[str, str]:
     """Our environment, with the directory holding this `sglang_pdd` first on PYTHONPATH, so the
     daemons and probes we start import this very copy of the package."""
     env = dict(os.environ)
@@ -202,7 +202,7 @@ class Testbed:
 
     def _start_daemons(self, st: RunState) -> None:
         cfg = self.config
-        env = _child_env()
+        env = child_env()
         pending: dict[str, tuple[subprocess.Popen, Path]] = {}
         for side in SIDES:
             tag = self.daemon_tag(side)
@@ -302,7 +302,7 @@ class Testbed:
         """A probe server (TCP echo/bulk + UDP collector, see `probe`) on `addr(side)`; yields its port."""
         server = subprocess.Popen(
             self.ns(side).argv([sys.executable, "-m", "sglang_pdd.testbed.probe", "serve", "--host", self.addr(side)]),
-            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=_child_env(),
+            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=child_env(),
         )
         try:
             line = server.stdout.readline().strip()  # type: ignore[union-attr]
@@ -326,6 +326,6 @@ class Testbed:
             out = self.ns("A").run(
                 [sys.executable, "-m", "sglang_pdd.testbed.probe", "measure", "--host", self.addr("B"),
                  "--port", str(port), "--rtt-count", str(rtt_count), "--bulk-bytes", str(bulk)],
-                env=_child_env(), timeout=timeout_s,
+                env=child_env(), timeout=timeout_s,
             ).stdout
         return ProbeReport(**json.loads(out.strip().splitlines()[-1]))
