@@ -23,7 +23,7 @@ rc=0
 $py -m pytest -q -p no:cacheprovider tests/kernels/test_handoff_hook.py 2>&1 | tee "$out/hook.log" || rc=1
 if [ "$what" = all ]; then
     $py -m pytest -q -p no:cacheprovider tests/kernels 2>&1 | tee "$out/kernels.log" || rc=1
-    $py -m sglang_pdd.bench.handoff_kernel --json "$out/handoff_h200.json" 2>&1 | tee "$out/bench_handoff.log" || rc=1
+    $py -m sglang_pdd.lab.micro.handoff_kernel --json "$out/handoff_h200.json" 2>&1 | tee "$out/bench_handoff.log" || rc=1
 fi
 rm -rf "$src"
 exit $rc

@@ -58,7 +58,7 @@ log "sglang $SGLANG_VERSION, torchvision $TORCHVISION_VERSION (--no-deps: their 
 log "sglang-pdd (editable, --no-deps)"
 "${pip[@]}" --no-deps --no-build-isolation -e "$here" 2>&1 | quiet_pip
 log "CPU compat (.pth)"
-"$venv/bin/python" -m sglang_pdd.compat install >/dev/null
-"$venv/bin/python" -W ignore -m sglang_pdd.compat check
+"$venv/bin/python" -m sglang_pdd.lab.compat install >/dev/null
+"$venv/bin/python" -W ignore -m sglang_pdd.lab.compat check
 echo "$want" > "$stamp"
 log "done: $venv"

@@ -16,7 +16,7 @@ import os
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from sglang_pdd.env_secret import env_or_file
+from sglang_pdd.protocol.env_secret import env_or_file
 from sglang_pdd.roles import ROLE_CHOICES, Role
 
 ENV_CONFIG = "SGLANG_PDD_CONFIG"  # JSON of PddConfig, set by the launcher for its children

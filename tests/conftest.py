@@ -46,7 +46,7 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_terminal_summary(terminalreporter):
-    from sglang_pdd.testing import identity
+    from sglang_pdd.lab.testing import identity
 
     tr = terminalreporter
     if identity.COMPARED[0]:
@@ -77,14 +77,14 @@ def tiny_model(artifacts_dir) -> str:
     ok, why = _sglang_importable()
     if not ok:
         pytest.skip(why)
-    from sglang_pdd.testing.tiny_model import build_cached
+    from sglang_pdd.lab.testing.tiny_model import build_cached
 
     return build_cached(os.path.join(artifacts_dir, "models"))
 
 
 @pytest.fixture(scope="session")
 def prompts(tiny_model):
-    from sglang_pdd.testing.prompts import PromptMaker
+    from sglang_pdd.lab.testing.prompts import PromptMaker
 
     return PromptMaker(tiny_model)
 
@@ -92,7 +92,7 @@ def prompts(tiny_model):
 @pytest.fixture(scope="session")
 def private_netns():
     """Move this test process (and so every server it starts) into a fresh network namespace."""
-    from sglang_pdd.netns import NetNS, netns_supported
+    from sglang_pdd.lab.testbed.netns import NetNS, netns_supported
 
     ok, why = netns_supported()
     if not ok:
@@ -114,8 +114,8 @@ def log_dir(artifacts_dir) -> str:
 def reference_server(private_netns, tiny_model, log_dir):
     """A single (non-disaggregated) sglang server: the reference for token identity, greedy and seeded
     (`--pdd-seeded-sampling on`: the position-hashed sampler every PDD role uses)."""
-    from sglang_pdd.testing.launch_args import ServerConfig
-    from sglang_pdd.testing.servers import ServerGroup
+    from sglang_pdd.lab.testing.launch_args import ServerConfig
+    from sglang_pdd.lab.testing.servers import ServerGroup
 
     ss = ServerGroup(log_dir)
     s = ss.start("reference", ServerConfig(model=tiny_model, port=30000, nccl_port=31000,
@@ -130,7 +130,7 @@ def reference_server(private_netns, tiny_model, log_dir):
 @pytest.fixture(scope="module")
 def server_group(private_netns, log_dir):
     """Servers of one test module, stopped when the module is done (keeps memory use bounded)."""
-    from sglang_pdd.testing.servers import ServerGroup
+    from sglang_pdd.lab.testing.servers import ServerGroup
 
     with ServerGroup(log_dir) as group:
         yield group
@@ -138,11 +138,11 @@ def server_group(private_netns, log_dir):
 
 @pytest.fixture(scope="session")
 def patched_sglang_root(tmp_path_factory):
-    """A copy of the installed sglang with patches/ applied (sglang_pdd.testing.patched_sglang), built once
+    """A copy of the installed sglang with patches/ applied (sglang_pdd.lab.testing.patched_sglang), built once
     per session for tests/unit/test_patches.py and tests/e2e/test_patched_sglang.py."""
     import shutil
 
-    from sglang_pdd.testing import patched_sglang
+    from sglang_pdd.lab.testing import patched_sglang
 
     if shutil.which("git") is None:
         pytest.skip("git is not installed (needed to apply patches/)")

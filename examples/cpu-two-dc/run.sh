@@ -2,7 +2,7 @@
 # Two datacenters on one CPU box: cluster A (P, RelayDecode, the PDD router) and cluster B (MainDecode)
 # are network namespaces joined by an emulated WAN (netem: 100 Mbit/s, 20 ms RTT). One chat request goes
 # P -> RLD -> MD through the router; the last line says how (pipeline, handoff, the answer). The readable
-# version of `python -m sglang_pdd.demo` (which also runs the baselines and the agentic benchmark);
+# version of `python -m sglang_pdd.lab.demo` (which also runs the baselines and the agentic benchmark);
 # change the variables below to adapt it. Everything it starts is stopped, and the namespaces deleted,
 # when it exits (also on Ctrl-C).
 #
@@ -66,7 +66,7 @@ wait_healthy() {  # wait_healthy NS URL: until its /health answers 200; fail at 
 
 # 1. A model: the tiny Llama the tests use (built from a seed, nothing downloaded).
 run mkdir -p "$WORK"
-[[ -e $MODEL/config.json ]] || run "$PY" -m sglang_pdd.testing.tiny_model "$MODEL"
+[[ -e $MODEL/config.json ]] || run "$PY" -m sglang_pdd.lab.testing.tiny_model "$MODEL"
 
 # 2. Two datacenters: a namespace each, one veth pair between them, the WAN shaped on both ends.
 run ip netns add "$NS_A"
@@ -82,7 +82,7 @@ done
 run ip -n "$NS_A" link set pdd-wan-a up
 run ip -n "$NS_B" link set pdd-wan-b up
 # netem delays and rate-limits each end's egress. A kernel without sch_netem (some VMs) gets tbf: the rate
-# without the delay (sglang_pdd.testbed's delay daemon adds the delay there; docs/testbed.md).
+# without the delay (sglang_pdd.lab.testbed's delay daemon adds the delay there; docs/testbed.md).
 if [[ $WAN_QDISC == auto ]]; then  # netem if the kernel has it (tried on A's loopback, then removed)
   WAN_QDISC=netem
   if [[ $DRY != 1 ]]; then

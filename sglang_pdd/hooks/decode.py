@@ -4,13 +4,13 @@ Without a PDD role (or on prefill) every body returns at once and sglang runs un
 
 On sglang with patch 0003 none of these six is registered (plugin.CAPABILITIES): `use_decode_extension`
 makes sglang's decode scheduler call the same runtime through its extension point
-(sglang_pdd.decode_extension), at the same six places.
+(sglang_pdd.decode.extension), at the same six places.
 """
 
 from __future__ import annotations
 
-from sglang_pdd import decode_extension
-from sglang_pdd.decode_runtime import current, runtime
+from sglang_pdd.decode import extension as decode_extension
+from sglang_pdd.decode.runtime import current, runtime
 
 
 def use_decode_extension() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 
-from sglang_pdd import decode_extension
+from sglang_pdd.decode import extension as decode_extension
 from sglang_pdd.config import PddConfig
 from sglang_pdd.process_state import capabilities, fanout
 from sglang_pdd.transfer import pool_state

@@ -22,7 +22,7 @@ import sys
 import zmq
 import zmq.utils.z85
 
-from sglang_pdd.env_secret import env_or_file
+from sglang_pdd.protocol.env_secret import env_or_file
 
 ENV_KEY = "SGLANG_PDD_TOKEN_CURVE_KEY"
 ENV_KEY_FILE = ENV_KEY + "_FILE"

@@ -29,7 +29,7 @@ from urllib.parse import urlparse
 
 from aiohttp import web
 
-from sglang_pdd.cache.kv_subscriber import KvEventSource
+from sglang_pdd.router.cache.kv_subscriber import KvEventSource
 from sglang_pdd.config import ENV_SECRET, ENV_SECRET_FILE
 from sglang_pdd.policy.bandwidth import BandwidthEstimator
 from sglang_pdd.policy.peer_choice import POLICIES, ChoiceConfig

@@ -16,7 +16,7 @@ from typing import AsyncIterator, Callable
 
 import aiohttp
 
-from sglang_pdd.cache.kv_subscriber import KvEventSource
+from sglang_pdd.router.cache.kv_subscriber import KvEventSource
 from sglang_pdd.protocol import room_plan
 from sglang_pdd.protocol.request_auth import ParamsSigner
 from sglang_pdd.protocol.handoff_finish import HandoffFinish

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sglang_pdd.cache import CacheView
-from sglang_pdd.cache.kv_subscriber import KvEventSource, KvEventSubscriber, main_views
-from sglang_pdd.cache.prefix_view import PrefixView
+from sglang_pdd.router.cache import CacheView
+from sglang_pdd.router.cache.kv_subscriber import KvEventSource, KvEventSubscriber, main_views
+from sglang_pdd.router.cache.prefix_view import PrefixView
 from sglang_pdd.policy.pipeline import PipelinePolicy
 from sglang_pdd.router.peers import Peer, PeerPool
 

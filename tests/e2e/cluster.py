@@ -9,10 +9,10 @@ import time
 from dataclasses import dataclass, field
 
 from sglang_pdd.config import ENV_TEST_KNOBS
-from sglang_pdd.testing.pdd_client import Roles
+from sglang_pdd.lab.testing.pdd_client import Roles
 
-from sglang_pdd.testing.launch_args import RouterConfig, ServerConfig
-from sglang_pdd.testing.servers import ServerProcess
+from sglang_pdd.lab.testing.launch_args import RouterConfig, ServerConfig
+from sglang_pdd.lab.testing.servers import ServerProcess
 
 
 @dataclass
@@ -55,7 +55,7 @@ def kv_bytes_sent(url: str) -> int:
 def metric(url: str, name: str) -> dict:
     """Samples of one metric on a server's /metrics: {sorted label pairs: value}."""
     from sglang_pdd.metrics import parse_exposition
-    from sglang_pdd.testing.servers import http_json
+    from sglang_pdd.lab.testing.servers import http_json
 
     status, text = http_json(url + "/metrics")
     assert status == 200
@@ -167,9 +167,9 @@ def abort_while_held(pdd, body: dict) -> dict:
     `ended` (the request came back), and the result or error."""
     import threading
 
-    from sglang_pdd.testing.client import GenerateError
-    from sglang_pdd.testing.pdd_client import held_on_main, relayed_generate
-    from sglang_pdd.testing.servers import http_json
+    from sglang_pdd.lab.testing.client import GenerateError
+    from sglang_pdd.lab.testing.pdd_client import held_on_main, relayed_generate
+    from sglang_pdd.lab.testing.servers import http_json
 
     out: dict = {}
 
@@ -199,7 +199,7 @@ def abort_while_held(pdd, body: dict) -> dict:
 def decode_roles_idle(pdd, timeout_s: float = 60.0) -> list:
     """[(url, pool, rows, held)] of each decode role not back to idle within the timeout (empty: all
     idle): every KV slot free or only cached, no row taken, nothing held."""
-    from sglang_pdd.testing.pdd_client import held_on_main
+    from sglang_pdd.lab.testing.pdd_client import held_on_main
 
     busy = []
     for url in (pdd.relay.url, pdd.main.url):

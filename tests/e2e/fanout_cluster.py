@@ -17,10 +17,10 @@ from sglang_pdd.metrics import parse_exposition
 from sglang_pdd.policy.pipeline import Pipeline
 from sglang_pdd.protocol import room_plan
 from sglang_pdd.protocol.request_auth import signer_from_env
-from sglang_pdd.testing import identity
-from sglang_pdd.testing.client import generate, greedy_body
-from sglang_pdd.testing.launch_args import ServerConfig
-from sglang_pdd.testing.servers import ServerGroup, ServerProcess, http_json
+from sglang_pdd.lab.testing import identity
+from sglang_pdd.lab.testing.client import generate, greedy_body
+from sglang_pdd.lab.testing.launch_args import ServerConfig
+from sglang_pdd.lab.testing.servers import ServerGroup, ServerProcess, http_json
 from sglang_pdd.transfer.pool_state import KEY as POOL_KEY
 from sglang_pdd.transfer.pool_state import idle_problems
 

@@ -5,9 +5,9 @@ import sys
 
 import pytest
 
-from sglang_pdd.testing.client import greedy_body, greedy_ids
-from sglang_pdd.testing.launch_args import CPU_ENV
-from sglang_pdd.testing.servers import http_json
+from sglang_pdd.lab.testing.client import greedy_body, greedy_ids
+from sglang_pdd.lab.testing.launch_args import CPU_ENV
+from sglang_pdd.lab.testing.servers import http_json
 
 pytestmark = pytest.mark.e2e
 

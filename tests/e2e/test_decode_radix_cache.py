@@ -10,8 +10,8 @@ import os
 import pytest
 
 from sglang_pdd.config import ENV_TEST_KNOBS
-from sglang_pdd.testing import identity
-from sglang_pdd.testing.client import greedy_body, pd_generate
+from sglang_pdd.lab.testing import identity
+from sglang_pdd.lab.testing.client import greedy_body, pd_generate
 
 from .cluster import kv_bytes_per_token, kv_bytes_sent, start_pd
 

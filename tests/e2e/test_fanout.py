@@ -28,10 +28,10 @@ import pytest
 
 from sglang_pdd.protocol.request import RequestParams
 from sglang_pdd.protocol.request_auth import signer_from_env
-from sglang_pdd.testing.client import generate, greedy_body
-from sglang_pdd.testing.context_model import prompt_positions_read
-from sglang_pdd.testing.servers import http_json
-from sglang_pdd.testing.tiny_model import TinyModelSpec
+from sglang_pdd.lab.testing.client import generate, greedy_body
+from sglang_pdd.lab.testing.context_model import prompt_positions_read
+from sglang_pdd.lab.testing.servers import http_json
+from sglang_pdd.lab.testing.tiny_model import TinyModelSpec
 
 from .fanout_cluster import (  # noqa: F401  (fan1, fan64 and the autouse figures are fixtures)
     FIGURES, MAIN_BOOTSTRAP_TIMEOUT, NEW_TOKENS, SLOW_MAIN_WRITE, assert_prefill_idle, assert_same,

@@ -1,4 +1,4 @@
-"""Two scenarios of the fault-injection suite (`python -m sglang_pdd.bench.faults`) on real sglang,
+"""Two scenarios of the fault-injection suite (`python -m sglang_pdd.lab.faults`) on real sglang,
 real Mooncake and the netns WAN testbed, through the suite's own harness: MD SIGKILLed past a
 handoff, and the WAN cut for 5 s while MD's KV is on it. No request may hang or come back silently
 wrong, nothing may leak, and every request completes token-identical (a surviving server can absorb
@@ -7,10 +7,10 @@ both faults). The negative control of the classifier is in tests/unit/test_fault
 
 import pytest
 
-from sglang_pdd.bench.faults.suite import Options, run
-from sglang_pdd.bench.faults.report import details, table
-from sglang_pdd.bench.faults.scenarios import parse
-from sglang_pdd.testbed.pytest_plugin import unique_prefix, why_no_testbed
+from sglang_pdd.lab.faults.suite import Options, run
+from sglang_pdd.lab.faults.report import details, table
+from sglang_pdd.lab.faults.scenarios import parse
+from sglang_pdd.lab.testbed.pytest_plugin import unique_prefix, why_no_testbed
 
 pytestmark = pytest.mark.e2e
 

@@ -3,7 +3,7 @@ reference server also runs --pdd-seeded-sampling on, which greedy requests never
 
 import pytest
 
-from sglang_pdd.testing.client import greedy_ids
+from sglang_pdd.lab.testing.client import greedy_ids
 
 pytestmark = pytest.mark.e2e
 
@@ -62,8 +62,8 @@ def test_the_engine_api_takes_the_plugins_options(reference_server, tiny_model, 
     import subprocess
     import sys
 
-    from sglang_pdd.testing.client import generate
-    from sglang_pdd.testing.launch_args import CPU_ENV
+    from sglang_pdd.lab.testing.client import generate
+    from sglang_pdd.lab.testing.launch_args import CPU_ENV
 
     ids = prompts.ids(200, seed=4)
     sp = {"max_new_tokens": NEW_TOKENS, "temperature": 0.8, "top_p": 0.9, "sampling_seed": 77}

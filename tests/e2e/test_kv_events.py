@@ -13,11 +13,11 @@ import time
 
 import pytest
 
-from sglang_pdd.cache.exact_view import ExactCacheView
-from sglang_pdd.cache.kv_subscriber import KvEventSource, KvEventSubscriber
-from sglang_pdd.cache.prefix_view import PrefixView
-from sglang_pdd.testing.client import generate, greedy_body, pd_generate
-from sglang_pdd.testing.launch_args import PddRouterConfig, ServerConfig
+from sglang_pdd.router.cache.exact_view import ExactCacheView
+from sglang_pdd.router.cache.kv_subscriber import KvEventSource, KvEventSubscriber
+from sglang_pdd.router.cache.prefix_view import PrefixView
+from sglang_pdd.lab.testing.client import generate, greedy_body, pd_generate
+from sglang_pdd.lab.testing.launch_args import PddRouterConfig, ServerConfig
 
 from .cluster import kv_bytes_per_token, kv_bytes_sent
 

@@ -11,8 +11,8 @@ import pytest
 
 from sglang_pdd.protocol.request import RequestParams, with_params
 from sglang_pdd.protocol.request_auth import signer_from_env
-from sglang_pdd.testing.client import greedy_body, greedy_ids, pd_generate
-from sglang_pdd.testing.servers import http_json
+from sglang_pdd.lab.testing.client import greedy_body, greedy_ids, pd_generate
+from sglang_pdd.lab.testing.servers import http_json
 
 from .cluster import by_state, idle_rows, start_pd
 

@@ -26,10 +26,10 @@ import time
 
 import pytest
 
-from sglang_pdd.testing import identity
-from sglang_pdd.testing.client import generate, greedy_body, sse_chunks
-from sglang_pdd.testing.launch_args import PddRouterConfig
-from sglang_pdd.testing.servers import http_json
+from sglang_pdd.lab.testing import identity
+from sglang_pdd.lab.testing.client import generate, greedy_body, sse_chunks
+from sglang_pdd.lab.testing.launch_args import PddRouterConfig
+from sglang_pdd.lab.testing.servers import http_json
 
 from .cluster import by_state, kv_bytes_per_token, kv_bytes_sent, metric, start_pdd
 

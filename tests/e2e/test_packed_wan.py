@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from sglang_pdd.testing import identity
-from sglang_pdd.testing.client import greedy_body, pd_generate
-from sglang_pdd.testing.pdd_client import relayed_generate, relayed_generate_many
+from sglang_pdd.lab.testing import identity
+from sglang_pdd.lab.testing.client import greedy_body, pd_generate
+from sglang_pdd.lab.testing.pdd_client import relayed_generate, relayed_generate_many
 
 from .cluster import metric, start_pd, start_pdd
 
@@ -168,8 +168,8 @@ def test_main_aborted_mid_transfer_quarantines_its_region(packed, reference_serv
     from sglang_pdd.policy.pipeline import Pipeline
     from sglang_pdd.protocol import room_plan
     from sglang_pdd.protocol.request_auth import signer_from_env
-    from sglang_pdd.testing.client import generate
-    from sglang_pdd.testing.servers import http_json
+    from sglang_pdd.lab.testing.client import generate
+    from sglang_pdd.lab.testing.servers import http_json
 
     set_knobs("prefill", main_write_delay=3.0)
     ids = prompts.ids(600, seed=706)

@@ -1,6 +1,6 @@
 """The plugin on sglang with patches/ applied, end to end: P, RLD and MD (packed WAN path on) and two
 routers start with a patched copy of the installed sglang first on PYTHONPATH
-(sglang_pdd.testing.patched_sglang), so the plugin takes the series' extension points instead of
+(sglang_pdd.lab.testing.patched_sglang), so the plugin takes the series' extension points instead of
 the hooks they retire (plugin.CAPABILITIES). Every server reports that choice in /get_server_info,
 and RLD and MD that sglang's decode scheduler extension (patch 0003) serves their runtime, the six
 decode hooks being unregistered; token identity against a single (stock) server, with a handoff,
@@ -16,12 +16,13 @@ import time
 
 import pytest
 
-from sglang_pdd import decode_extension, plugin
+from sglang_pdd.decode import extension as decode_extension
+from sglang_pdd import plugin
 from sglang_pdd.process_state.capabilities import KEY as CAPABILITIES_KEY
-from sglang_pdd.testing import identity, patched_sglang
-from sglang_pdd.testing.client import greedy_body
-from sglang_pdd.testing.launch_args import PddRouterConfig
-from sglang_pdd.testing.servers import http_json
+from sglang_pdd.lab.testing import identity, patched_sglang
+from sglang_pdd.lab.testing.client import greedy_body
+from sglang_pdd.lab.testing.launch_args import PddRouterConfig
+from sglang_pdd.lab.testing.servers import http_json
 
 from .cluster import by_state, metric, start_pdd
 from .fanout_cluster import assert_prefill_idle, with_pdd

@@ -6,10 +6,10 @@ import urllib.request
 
 import pytest
 
-from sglang_pdd.testing import identity
-from sglang_pdd.testing.client import greedy_body, stream_generate
-from sglang_pdd.testing.launch_args import PddRouterConfig
-from sglang_pdd.testing.servers import http_json
+from sglang_pdd.lab.testing import identity
+from sglang_pdd.lab.testing.client import greedy_body, stream_generate
+from sglang_pdd.lab.testing.launch_args import PddRouterConfig
+from sglang_pdd.lab.testing.servers import http_json
 
 from .cluster import by_state, metric, start_pdd
 

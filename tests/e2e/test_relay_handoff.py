@@ -13,11 +13,11 @@ import time
 
 import pytest
 
-from sglang_pdd.testing import identity
-from sglang_pdd.testing.client import greedy_body
-from sglang_pdd.testing.launch_args import ServerConfig
-from sglang_pdd.testing.pdd_client import held_on_main, relayed_generate, relayed_generate_many
-from sglang_pdd.testing.servers import http_json
+from sglang_pdd.lab.testing import identity
+from sglang_pdd.lab.testing.client import greedy_body
+from sglang_pdd.lab.testing.launch_args import ServerConfig
+from sglang_pdd.lab.testing.pdd_client import held_on_main, relayed_generate, relayed_generate_many
+from sglang_pdd.lab.testing.servers import http_json
 
 from .cluster import abort_while_held, decode_roles_idle, metric, start_pdd
 

@@ -1,16 +1,16 @@
 """TP 2 on every role (CPU, gloo; each server's two ranks bound to cores 0 and 1), RLD and MD on sglang's
 overlap scheduler (a GPU deployment's defaults): P's fan-out sends each rank's KV shard to the same rank
 of RLD and MD; on RLD and MD rank 0 decides and rank 1 replays its
-decisions (sglang_pdd.rank_sync): the handoff finish on RLD, holding, aborting and the handoff or
+decisions (sglang_pdd.decode.rank_sync): the handoff finish on RLD, holding, aborting and the handoff or
 catch-up EXTEND over RLD's token IDs on MD, so both ranks build the same batches. Tokens equal a
 single server's (TP 1), with a negative control that fails."""
 
 import pytest
 
-from sglang_pdd.testing import identity
-from sglang_pdd.testing.client import greedy_body
-from sglang_pdd.testing.pdd_client import relayed_generate, relayed_generate_many
-from sglang_pdd.testing.servers import http_json
+from sglang_pdd.lab.testing import identity
+from sglang_pdd.lab.testing.client import greedy_body
+from sglang_pdd.lab.testing.pdd_client import relayed_generate, relayed_generate_many
+from sglang_pdd.lab.testing.servers import http_json
 
 from .cluster import abort_while_held, decode_roles_idle, start_pdd
 

@@ -3,9 +3,9 @@ to a single server, through the upstream router; and the comparison fails when t
 
 import pytest
 
-from sglang_pdd.testing import identity
-from sglang_pdd.testing.client import fake_transfer_generate, greedy_body, greedy_ids
-from sglang_pdd.testing.servers import http_json
+from sglang_pdd.lab.testing import identity
+from sglang_pdd.lab.testing.client import fake_transfer_generate, greedy_body, greedy_ids
+from sglang_pdd.lab.testing.servers import http_json
 
 from .cluster import start_pd
 
@@ -45,7 +45,7 @@ def test_bad_input_through_router_is_rejected_and_pd_keeps_serving(pd, reference
 
 
 def test_streaming_through_router_gives_the_same_tokens(pd, reference_server, prompts):
-    from sglang_pdd.testing.client import stream_generate
+    from sglang_pdd.lab.testing.client import stream_generate
 
     ids = prompts.ids(500, seed=14)
     out = stream_generate(pd.router.url, greedy_body(ids, NEW_TOKENS))

@@ -1,4 +1,4 @@
-"""A real PDD router in front of fake P/RLD/MD roles (sglang_pdd.testing.fake_upstream), served from
+"""A real PDD router in front of fake P/RLD/MD roles (sglang_pdd.lab.testing.fake_upstream), served from
 a background thread so that synchronous clients (the OpenAI SDK, requests) can talk to it; or the
 fake roles alone, for a router started as its own process."""
 
@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import threading
 
-from sglang_pdd.testing import fake_upstream as fu
+from sglang_pdd.lab.testing import fake_upstream as fu
 
 
 @contextlib.contextmanager

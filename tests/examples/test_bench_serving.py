@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from sglang_pdd.testing.launch_args import PddRouterConfig
-from sglang_pdd.testing.servers import ServerProcess, free_port
+from sglang_pdd.lab.testing.launch_args import PddRouterConfig
+from sglang_pdd.lab.testing.servers import ServerProcess, free_port
 
 from .conftest import EXAMPLES, REPO
 from .fake_router import running_roles

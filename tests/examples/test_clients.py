@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from sglang_pdd.testing import fake_upstream as fu
+from sglang_pdd.lab.testing import fake_upstream as fu
 
 from .conftest import EXAMPLES
 from .fake_router import running_router

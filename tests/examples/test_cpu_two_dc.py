@@ -1,6 +1,6 @@
 """examples/cpu-two-dc: the script's dry run (PDD_DRY_RUN=1) starts P and RLD in namespace A and MD in
 B with flags sglang 0.5.23 and the plugin accept, a router that points at them, and the CPU flags and
-environment the testbed verified (sglang_pdd.testing.launch_args). Nothing is started there.
+environment the testbed verified (sglang_pdd.lab.testing.launch_args). Nothing is started there.
 
 `test_the_script_runs_end_to_end` (e2e) runs the script for real, as a user does, and checks what a user
 looks for: it exits 0, the chat request's answer came P -> RLD -> MD with a handoff and is a single
@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from sglang_pdd.testing.launch_args import CPU_ENV, ServerConfig
+from sglang_pdd.lab.testing.launch_args import CPU_ENV, ServerConfig
 
 from .conftest import EXAMPLES
 from .server_argv import parse_server
@@ -192,7 +192,7 @@ def test_the_script_runs_end_to_end(plan, tmp_path, tiny_model, reference_server
     assert re.search(r"^WAN: (netem|tbf), ", out, re.M), out
     assert (work / "secret").stat().st_mode & 0o077 == 0  # the token channel's secret: the owner's only
 
-    from sglang_pdd.testing.servers import http_json
+    from sglang_pdd.lab.testing.servers import http_json
 
     status, ref = http_json(reference_server.url + "/v1/chat/completions", body)
     assert status == 200 and ref["usage"]["prompt_tokens"] == answer["usage"]["prompt_tokens"], ref

@@ -28,7 +28,7 @@ EXPECTED_KERNELS = {
 def test_kernels_compile_for_sm90a_without_spills_within_shared_memory() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
-        [sys.executable, "-m", "sglang_pdd.bench.resource_report", "--quick", "--json"],
+        [sys.executable, "-m", "sglang_pdd.lab.micro.resource_report", "--quick", "--json"],
         capture_output=True, text=True, env=env, timeout=600,
     )
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]

@@ -1,4 +1,4 @@
-"""MainDecode's attention hook on real inputs: the kernel path (sglang_pdd.main.handoff_attention) against
+"""MainDecode's attention hook on real inputs: the kernel path (sglang_pdd.decode.main.handoff_attention) against
 sglang's own EXTEND attention, layer by layer, and greedy tokens of a small model with the hook on and off.
 
 "Original" is sglang's `AttentionBackend.forward` over its torch_native backend, a real `MHATokenToKVPool`
@@ -20,7 +20,7 @@ from pool_fakes import paged_slots
 
 from sglang_pdd import kernels
 from sglang_pdd.kernels import HandoffAttentionConfig
-from sglang_pdd.main.handoff_attention import CUDA_POLICY, HandoffAttention, KernelPolicy
+from sglang_pdd.decode.main.handoff_attention import CUDA_POLICY, HandoffAttention, KernelPolicy
 
 pytest.importorskip("triton")
 HAS_CUDA = torch.cuda.is_available()

@@ -25,7 +25,7 @@ def _sglang_kernel_module():
 
 
 def test_cpu_op_equals_sglangs_triton_kernel(device: torch.device) -> None:
-    from sglang_pdd.compat.sgl_kernel_cpu import murmur_hash32_cpu
+    from sglang_pdd.lab.compat.sgl_kernel_cpu import murmur_hash32_cpu
 
     mod = _sglang_kernel_module()
     seeds = torch.tensor([0, 1, 1234, (1 << 62) + 77, (1 << 63) - 1], dtype=torch.int64)

@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from sglang_pdd.testbed import Testbed
-from sglang_pdd.testbed.pytest_plugin import testbed_factory, wan_testbed  # noqa: F401
+from sglang_pdd.lab.testbed import Testbed
+from sglang_pdd.lab.testbed.pytest_plugin import testbed_factory, wan_testbed  # noqa: F401
 
 
 @pytest.fixture(scope="module")

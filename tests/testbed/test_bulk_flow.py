@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from sglang_pdd.testbed import Testbed
-from sglang_pdd.testbed.bulk_flow import BulkFlow
-from sglang_pdd.testbed.probe import upload
+from sglang_pdd.lab.testbed import Testbed
+from sglang_pdd.lab.testbed.bulk_flow import BulkFlow
+from sglang_pdd.lab.testbed.probe import upload
 
 MB = 1 << 20
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from sglang_pdd.testbed.delay_daemon import LinkSchedule
+from sglang_pdd.lab.testbed.delay_daemon import LinkSchedule
 
 
 def test_each_packet_leaves_after_the_delay_and_not_before():

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from sglang_pdd.testbed import Testbed
-from sglang_pdd.testbed.probe import echo_rtts
-from sglang_pdd.testbed.state import DaemonRecord, RunState, find_daemons
+from sglang_pdd.lab.testbed import Testbed
+from sglang_pdd.lab.testbed.probe import echo_rtts
+from sglang_pdd.lab.testbed.state import DaemonRecord, RunState, find_daemons
 
 
 def _netns_names() -> set[str]:
@@ -121,7 +121,7 @@ def test_reconfigure_changes_the_link_and_keeps_what_runs(testbed_factory):
 
 def test_cli_up_probe_down(tmp_path):
     prefix = f"pc{os.getpid()}"
-    cli = [sys.executable, "-m", "sglang_pdd.testbed"]
+    cli = [sys.executable, "-m", "sglang_pdd.lab.testbed"]
     where = ["--prefix", prefix, "--run-dir", str(tmp_path)]
     try:
         up = subprocess.run([*cli, "up", *where, "--delay-ms", "10", "--rate-mbit", "100"],
@@ -146,8 +146,8 @@ def test_cli_up_probe_down(tmp_path):
 
 @pytest.mark.usefixtures("testbed_factory")  # for its skip reasons
 def test_fixture_prunes_namespaces_of_dead_pytest_runs_only():
-    from sglang_pdd.netns import NetNS
-    from sglang_pdd.testbed.pytest_plugin import prune_stale
+    from sglang_pdd.lab.testbed.netns import NetNS
+    from sglang_pdd.lab.testbed.pytest_plugin import prune_stale
 
     gone = subprocess.Popen(["true"])
     gone.wait()
@@ -165,9 +165,9 @@ def test_fixture_prunes_namespaces_of_dead_pytest_runs_only():
 
 @pytest.mark.usefixtures("testbed_factory")
 def test_netem_backend_is_used_or_refused_clearly(tmp_path):
-    from sglang_pdd.netns import NetNS
-    from sglang_pdd.testbed import TestbedError
-    from sglang_pdd.testbed.link import netem_available
+    from sglang_pdd.lab.testbed.netns import NetNS
+    from sglang_pdd.lab.testbed import TestbedError
+    from sglang_pdd.lab.testbed.link import netem_available
 
     probe_ns = NetNS(f"pn{os.getpid()}").create()
     try:

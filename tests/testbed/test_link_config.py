@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_pdd.testbed.config import LinkConfig
-from sglang_pdd.testbed.link import subnet_hosts, tbf_args
-from sglang_pdd.testbed.state import check_prefix
+from sglang_pdd.lab.testbed.config import LinkConfig
+from sglang_pdd.lab.testbed.link import subnet_hosts, tbf_args
+from sglang_pdd.lab.testbed.state import check_prefix
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import struct
 
-from sglang_pdd.testbed import nfqueue as nfq
+from sglang_pdd.lab.testbed import nfqueue as nfq
 
 
 def test_verdict_batch_layout():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import shutil
 
-from sglang_pdd.testbed import pytest_plugin
-from sglang_pdd.testbed.state import check_prefix
+from sglang_pdd.lab.testbed import pytest_plugin
+from sglang_pdd.lab.testbed.state import check_prefix
 
 
 def test_not_root_is_a_skip_reason(monkeypatch):

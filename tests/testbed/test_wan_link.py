@@ -12,8 +12,8 @@ import threading
 
 import pytest
 
-from sglang_pdd.testbed import Testbed
-from sglang_pdd.testbed.probe import ProbeServer, download, echo_rtts, udp_burst, upload
+from sglang_pdd.lab.testbed import Testbed
+from sglang_pdd.lab.testbed.probe import ProbeServer, download, echo_rtts, udp_burst, upload
 
 BULK = 12 << 20
 

@@ -165,7 +165,7 @@ class FakeKVManager:
             self.status_messages.append((list(targets), bootstrap_room, int(status)))
 
 
-# -- MainDecode's attention hook (sglang_pdd.main.handoff_attention): a layer, a pool, a forward batch ----
+# -- MainDecode's attention hook (sglang_pdd.decode.main.handoff_attention): a layer, a pool, a forward batch ----
 
 class FakeMode:
     def __init__(self, name: str = "EXTEND"):

@@ -147,8 +147,9 @@ def check_decode_extension() -> None:
     from sglang.srt.managers.io_struct import AbortReq
     from sglang.srt.managers.scheduler import Scheduler
 
-    from sglang_pdd import decode_extension, metrics
-    from sglang_pdd.decode_role import DecodeRole
+    from sglang_pdd.decode import extension as decode_extension
+    from sglang_pdd import metrics
+    from sglang_pdd.decode.role import DecodeRole
 
     class Role(DecodeRole):  # stands for RelayRuntime / MainRuntime: records what sglang asks of it
         role = "main"

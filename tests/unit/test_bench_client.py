@@ -4,11 +4,11 @@ import threading
 
 import pytest
 
-from sglang_pdd.bench.client import StreamResult, merge_output_ids, parse_sse_line
-from sglang_pdd.bench.presets import select
-from sglang_pdd.bench.replay import replay, sessions, warm_up
-from sglang_pdd.workload.generator import generate, measured
-from sglang_pdd.sim.presets import tiny_workload
+from sglang_pdd.lab.bench.client import StreamResult, merge_output_ids, parse_sse_line
+from sglang_pdd.lab.bench.presets import select
+from sglang_pdd.lab.bench.replay import replay, sessions, warm_up
+from sglang_pdd.lab.workload.generator import generate, measured
+from sglang_pdd.lab.sim.presets import tiny_workload
 
 
 def test_sse_lines_parse_and_keepalives_are_skipped():

@@ -2,7 +2,7 @@
 
 import os
 
-from sglang_pdd.bench import cpu
+from sglang_pdd.lab.bench import cpu
 
 
 def test_stat_line_fields_are_utime_plus_stime_even_with_odd_process_names():

@@ -5,9 +5,9 @@ import math
 import numpy as np
 import pytest
 
-from sglang_pdd.bench.client import tpot
-from sglang_pdd.bench.metrics import RequestRecord, WanBytes, percentile, summarize
-from sglang_pdd.bench.presets import Sla
+from sglang_pdd.lab.bench.client import tpot
+from sglang_pdd.lab.bench.metrics import RequestRecord, WanBytes, percentile, summarize
+from sglang_pdd.lab.bench.presets import Sla
 
 
 def _rec(i, ttft, e2e, out=33, ok=True, sent=0.0):

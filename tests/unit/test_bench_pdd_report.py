@@ -2,8 +2,8 @@
 
 from types import SimpleNamespace
 
-from sglang_pdd.bench import pdd_report
-from sglang_pdd.bench.metrics import RequestRecord
+from sglang_pdd.lab.bench import pdd_report
+from sglang_pdd.lab.bench.metrics import RequestRecord
 
 
 def rec(i, pipeline, sent, md_hit=None, mode="", k=None, missed=None, reason="", rld=0, hit=0.9, tpot=0.05):

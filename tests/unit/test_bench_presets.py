@@ -2,9 +2,9 @@
 
 from collections import Counter
 
-from sglang_pdd.bench.presets import PRESETS, get_preset, select
-from sglang_pdd.workload.generator import generate, measured
-from sglang_pdd.sim.presets import tiny_workload
+from sglang_pdd.lab.bench.presets import PRESETS, get_preset, select
+from sglang_pdd.lab.workload.generator import generate, measured
+from sglang_pdd.lab.sim.presets import tiny_workload
 
 import pytest
 
@@ -56,7 +56,7 @@ def test_congested_preset_shares_the_line_with_a_bulk_flow_and_jitter():
 
 
 def test_demo_is_cold_turns_repeated_twice_unless_told_otherwise(monkeypatch):
-    from sglang_pdd import demo
+    from sglang_pdd.lab import demo
     seen = []
     monkeypatch.setattr(demo, "bench_main", lambda argv: seen.append(argv) or 0)
     demo.main([])

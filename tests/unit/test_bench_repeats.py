@@ -7,8 +7,8 @@ import threading
 import pytest
 
 from sglang_pdd import thread_names
-from sglang_pdd.bench import cpu, placement, repeats
-from sglang_pdd.bench.metrics import RequestRecord
+from sglang_pdd.lab.bench import cpu, placement, repeats
+from sglang_pdd.lab.bench.metrics import RequestRecord
 
 
 def _figs(ttft):
@@ -99,7 +99,7 @@ def test_per_dc_placement_splits_the_cpus_and_shared_pins_nothing():
 
 
 def test_the_placement_records_the_thread_counts_and_refuses_zero_threads_in_an_env():
-    from sglang_pdd.bench.report import _placement_text
+    from sglang_pdd.lab.bench.report import _placement_text
 
     d = placement.describe("shared", [0, 1], threads={"prefill": 0, "decode": 1})
     assert d["threads"] == {"decode": 1, "prefill": "default"}

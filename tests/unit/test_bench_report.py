@@ -4,14 +4,14 @@ import json
 
 import pytest
 
-from sglang_pdd.bench.client import tpot
-from sglang_pdd.bench.metrics import RequestRecord, WanBytes, summarize
-from sglang_pdd.bench.presets import get_preset
-from sglang_pdd.bench.report import markdown_table, text_table, write_reports
-from sglang_pdd.bench.runner import BenchRun, SystemRun
-from sglang_pdd.workload.generator import measured
-from sglang_pdd.workload.trace import write_jsonl
-from sglang_pdd.sim.calibration import calibrate
+from sglang_pdd.lab.bench.client import tpot
+from sglang_pdd.lab.bench.metrics import RequestRecord, WanBytes, summarize
+from sglang_pdd.lab.bench.presets import get_preset
+from sglang_pdd.lab.bench.report import markdown_table, text_table, write_reports
+from sglang_pdd.lab.bench.runner import BenchRun, SystemRun
+from sglang_pdd.lab.workload.generator import measured
+from sglang_pdd.lab.workload.trace import write_jsonl
+from sglang_pdd.lab.sim.calibration import calibrate
 
 MODEL_INFO = {"spec": {"layers": 4, "hidden": 512, "heads": 8, "kv_heads": 8, "head_dim": 64,
                        "dtype": "float32"}, "parameters": 12587520, "kv_bytes_per_token": 16384}
@@ -73,7 +73,7 @@ def test_calibration_files_are_read_by_the_simulator(bench_run, tmp_path):
 
 def test_plots_are_written_for_every_figure(bench_run, tmp_path):
     pytest.importorskip("matplotlib")
-    from sglang_pdd.bench.plots import write_plots
+    from sglang_pdd.lab.bench.plots import write_plots
 
     paths = write_plots(bench_run, str(tmp_path))
     assert set(paths) == {"ttft_cdf", "wan_bytes", "hit_rate"}

@@ -4,9 +4,9 @@ log directory, the shared server flags and CPU sets, and the CPU window of its p
 import os
 from dataclasses import replace
 
-from sglang_pdd.bench import runner, systems
-from sglang_pdd.bench.client import StreamResult
-from sglang_pdd.bench.presets import get_preset
+from sglang_pdd.lab.bench import runner, systems
+from sglang_pdd.lab.bench.client import StreamResult
+from sglang_pdd.lab.bench.presets import get_preset
 
 
 class FakeNS:

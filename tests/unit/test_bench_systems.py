@@ -2,10 +2,10 @@
 
 import pytest
 
-from sglang_pdd.bench import systems as S
-from sglang_pdd.netns import NetNS
-from sglang_pdd.sim.systems import SYSTEM_NAMES
-from sglang_pdd.testing.launch_args import ServerConfig
+from sglang_pdd.lab.bench import systems as S
+from sglang_pdd.lab.testbed.netns import NetNS
+from sglang_pdd.lab.sim.systems import SYSTEM_NAMES
+from sglang_pdd.lab.testing.launch_args import ServerConfig
 
 
 def test_baselines_are_registered_with_simulator_names():
@@ -118,8 +118,8 @@ def test_pdd_systems_join_the_registry():
 
 
 def test_pdd_router_is_told_the_testbed_link_and_the_kv_size():
-    from sglang_pdd.bench.pdd_system import router_link_args
-    from sglang_pdd.testbed.config import LinkConfig
+    from sglang_pdd.lab.bench.pdd_system import router_link_args
+    from sglang_pdd.lab.testbed.config import LinkConfig
 
     class FakeTestbed:
         config = LinkConfig(20.0, 0.0, 100.0, 0.0, "auto")

@@ -5,9 +5,9 @@ read one changes them."""
 
 import pytest
 
-from sglang_pdd.testing import model_check
-from sglang_pdd.testing.context_model import prompt_positions_read
-from sglang_pdd.testing.tiny_model import TinyModelSpec
+from sglang_pdd.lab.testing import model_check
+from sglang_pdd.lab.testing.context_model import prompt_positions_read
+from sglang_pdd.lab.testing.tiny_model import TinyModelSpec
 
 SPEC = TinyModelSpec()
 STEPS = 15  # a decode leg of 16 new tokens: the prefill gave the first

@@ -1,5 +1,5 @@
 """Both entries into RLD's and MD's decode runtime make the same calls: the six hooks (stock sglang)
-and the decode scheduler extension sglang calls with patch 0003 (sglang_pdd.decode_extension).
+and the decode scheduler extension sglang calls with patch 0003 (sglang_pdd.decode.extension).
 
 Runs on stock sglang: DecodeExtension implements sglang's extension contract without its base class;
 tests/unit/test_patches.py (patched_plugin_check.py) drives it through sglang's own scheduler."""
@@ -8,10 +8,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_pdd import decode_extension, metrics
+from sglang_pdd.decode import extension as decode_extension
+from sglang_pdd import metrics
 from sglang_pdd.config import ENV_CONFIG
-from sglang_pdd.decode_extension import DecodeExtension
-from sglang_pdd.decode_role import DecodeRole
+from sglang_pdd.decode.extension import DecodeExtension
+from sglang_pdd.decode.role import DecodeRole
 from sglang_pdd.hooks import decode as decode_hooks
 
 pytest.importorskip("sglang")

@@ -1,7 +1,7 @@
-"""The decode-overhead benchmark's report (the run itself starts servers: python -m sglang_pdd.bench.decode_overhead)."""
+"""The decode-overhead benchmark's report (the run itself starts servers: python -m sglang_pdd.lab.micro.decode_overhead)."""
 
-from sglang_pdd.bench.decode_overhead import table
-from sglang_pdd.testing.launch_args import ServerConfig
+from sglang_pdd.lab.micro.decode_overhead import table
+from sglang_pdd.lab.testing.launch_args import ServerConfig
 
 
 def test_the_table_gives_each_servers_median_range_and_ratio_per_repeat():

@@ -2,8 +2,9 @@
 
 from types import SimpleNamespace
 
-from sglang_pdd import decode_role, metrics
-from sglang_pdd.decode_role import DecodeRole
+from sglang_pdd.decode import role as decode_role
+from sglang_pdd import metrics
+from sglang_pdd.decode.role import DecodeRole
 from sglang_pdd.hooks import decode as decode_hooks
 
 

@@ -1,12 +1,12 @@
-"""The fault suite's classifier and table (sglang_pdd.bench.faults.outcome, report, scenarios)."""
+"""The fault suite's classifier and table (sglang_pdd.lab.faults.outcome, report, scenarios)."""
 
 import pytest
 
-from sglang_pdd.bench.faults import report
-from sglang_pdd.bench.faults.outcome import RequestRecord, classify, end_of_stream, matches
-from sglang_pdd.bench.faults.report import ScenarioReport
-from sglang_pdd.bench.faults.scenarios import SCENARIOS, parse
-from sglang_pdd.testing.identity import Reference
+from sglang_pdd.lab.faults import report
+from sglang_pdd.lab.faults.outcome import RequestRecord, classify, end_of_stream, matches
+from sglang_pdd.lab.faults.report import ScenarioReport
+from sglang_pdd.lab.faults.scenarios import SCENARIOS, parse
+from sglang_pdd.lab.testing.identity import Reference
 
 
 def rec(**kw) -> RequestRecord:
@@ -127,7 +127,7 @@ def test_scenarios_in_the_issue_order_and_parse_keeps_the_given_one():
 
 
 def test_every_other_conversation_samples_with_its_own_seed_and_the_rest_are_greedy():
-    from sglang_pdd.bench.faults.traffic import TrafficSpec
+    from sglang_pdd.lab.faults.traffic import TrafficSpec
 
     spec = TrafficSpec(conversations=4, seed=3)
     assert [spec.is_seeded(c) for c in range(4)] == [False, True, False, True]
@@ -151,7 +151,7 @@ class _Dep:
 
 
 def test_a_seeded_request_is_checked_against_the_seeded_reference():
-    from sglang_pdd.bench.faults.suite import classify_all
+    from sglang_pdd.lab.faults.suite import classify_all
 
     seeded = {"temperature": 0.8, "top_p": 0.9, "sampling_seed": 5}
     dep = _Dep({False: [5, 6, 7], True: [9, 8, 7]})  # greedy and seeded references differ

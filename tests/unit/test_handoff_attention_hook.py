@@ -1,4 +1,4 @@
-"""MainDecode's attention hook (sglang_pdd.main.handoff_attention) with fakes: when the handoff kernel may
+"""MainDecode's attention hook (sglang_pdd.decode.main.handoff_attention) with fakes: when the handoff kernel may
 run, and that everything else reaches sglang's own attention path with the very same arguments."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from sglang_pdd.config import PddConfig
-from sglang_pdd.main.handoff_attention import (CPU_TEST_POLICY, CUDA_POLICY, HandoffAttention, KernelPolicy,
+from sglang_pdd.decode.main.handoff_attention import (CPU_TEST_POLICY, CUDA_POLICY, HandoffAttention, KernelPolicy,
                                                batch_refusal, layer_refusal)
 from sglang_pdd.roles import Role
 
@@ -173,8 +173,8 @@ def test_arm_reads_the_flag_and_takes_the_policy_it_is_given():
 def test_main_runtime_arms_with_the_cpu_policy_under_its_test_knob(tmp_path):
     from types import SimpleNamespace
 
-    from sglang_pdd.main.runtime import MainRuntime
-    from sglang_pdd.rank_sync import RankSync
+    from sglang_pdd.decode.main.runtime import MainRuntime
+    from sglang_pdd.decode.rank_sync import RankSync
     from sglang_pdd.test_switches import TestSwitches
 
     knobs = tmp_path / "knobs.json"

@@ -39,7 +39,7 @@ def test_malformed_or_unknown_version_is_refused(finish, match):
 
 def test_the_relay_runtime_finish_carries_it():
     pytest.importorskip("sglang.srt.managers.schedule_batch")
-    from sglang_pdd.relay.runtime import handoff_finish
+    from sglang_pdd.decode.relay.runtime import handoff_finish
 
     assert handoff_finish(4, "one-shot").to_json() == {"type": "pdd_handoff", "handoff_tokens": 4, "mode": "one-shot",
                                                        "v": 1}

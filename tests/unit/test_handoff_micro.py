@@ -5,8 +5,8 @@ import statistics
 import pytest
 import torch
 
-from sglang_pdd.bench import handoff_micro as hm
-from sglang_pdd.bench.handoff_peers import PATHS, Setup, paged_slices, path_of, room_for
+from sglang_pdd.lab.micro import handoff_micro as hm
+from sglang_pdd.lab.micro.handoff_peers import PATHS, Setup, paged_slices, path_of, room_for
 from sglang_pdd.protocol import messages
 from sglang_pdd.protocol.auth import MAC_LEN, FrameAuth
 
@@ -126,14 +126,14 @@ def test_csv_option_rejects_unknown_names():
 
 
 def test_unknown_recompute_engine_is_refused():
-    from sglang_pdd.bench.handoff_recompute import make_recompute
+    from sglang_pdd.lab.micro.handoff_recompute import make_recompute
 
     with pytest.raises(ValueError):
         make_recompute("vllm", "unused", [1, 2], 1)
 
 
 def test_transformers_recompute_extends_over_the_cached_prefix_and_rewinds(tiny_model):
-    from sglang_pdd.bench.handoff_recompute import TransformersRecompute
+    from sglang_pdd.lab.micro.handoff_recompute import TransformersRecompute
 
     setup = Setup(tokens=8, prefix_tokens=64, pool_slots=64, seed=1, layers=4, kv_heads=8, head_dim=64, vocab=2048)
     rc = TransformersRecompute(tiny_model, setup.prefix_ids(), setup.tokens)

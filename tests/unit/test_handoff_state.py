@@ -4,10 +4,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from sglang_pdd.main.handoff import ADMITTED, READY, WAITING_TOKENS, MainHandoff
+from sglang_pdd.decode.main.handoff import ADMITTED, READY, WAITING_TOKENS, MainHandoff
 from sglang_pdd.protocol.messages import Finished, Ready, Reject, Tokens, Watch
 from sglang_pdd.protocol.request import RequestParams
-from sglang_pdd.relay.handoff import RelayHandoff
+from sglang_pdd.decode.relay.handoff import RelayHandoff
 
 RELAY = "tcp://rld:1"
 

@@ -11,9 +11,9 @@ import time
 import msgspec
 import pytest
 
-from sglang_pdd.cache.exact_view import ExactCacheView
-from sglang_pdd.cache.kv_events import KvEventFeed
-from sglang_pdd.cache.prefix_view import PrefixView
+from sglang_pdd.router.cache.exact_view import ExactCacheView
+from sglang_pdd.router.cache.kv_events import KvEventFeed
+from sglang_pdd.router.cache.prefix_view import PrefixView
 from tests.unit.kv_event_frames import CLEARED, chain, msg, payload, removed, stored
 
 

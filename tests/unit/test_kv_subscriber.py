@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from sglang_pdd.cache.exact_view import ExactCacheView
-from sglang_pdd.cache.kv_subscriber import KvEventSource, KvEventSubscriber, main_views
-from sglang_pdd.cache.prefix_view import PrefixView
-from sglang_pdd.testing.servers import free_port
+from sglang_pdd.router.cache.exact_view import ExactCacheView
+from sglang_pdd.router.cache.kv_subscriber import KvEventSource, KvEventSubscriber, main_views
+from sglang_pdd.router.cache.prefix_view import PrefixView
+from sglang_pdd.lab.testing.servers import free_port
 from tests.unit.kv_event_frames import chain, msg, removed
 
 

@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_pdd.config import PddConfig
-from sglang_pdd.decode_extension import DecodeExtension
-from sglang_pdd.decode_role import DecodeRole
+from sglang_pdd.decode.extension import DecodeExtension
+from sglang_pdd.decode.role import DecodeRole
 from sglang_pdd.hooks import decode as decode_hooks
-from sglang_pdd.main.runtime import MainRuntime
+from sglang_pdd.decode.main.runtime import MainRuntime
 from sglang_pdd.protocol.request import RequestParams
 from sglang_pdd.protocol.request_auth import ParamsSigner
 from sglang_pdd.roles import Role

@@ -3,7 +3,7 @@ AbortReq (one rid or abort_all) reaches every state, and the idle check counts e
 
 import pytest
 
-from sglang_pdd.main.handoff import ADMITTED, DRAINING, EXTENDING, READY, STATES, WAITING_TOKENS, MainHandoff
+from sglang_pdd.decode.main.handoff import ADMITTED, DRAINING, EXTENDING, READY, STATES, WAITING_TOKENS, MainHandoff
 from sglang_pdd.protocol.messages import Finished, Tokens
 from sglang_pdd.protocol.request import RequestParams
 
@@ -89,7 +89,7 @@ class Runtime:
     """MainRuntime's abort and idle paths over a MainHandoff, without a scheduler."""
 
     def __init__(self, h):
-        from sglang_pdd.main.runtime import MainRuntime
+        from sglang_pdd.decode.main.runtime import MainRuntime
 
         self.rt = MainRuntime.__new__(MainRuntime)
         self.rt.handoff, self.rt.last_extend, self.rt._held_published, self.rt._chunks = h, None, -1, {}
@@ -135,7 +135,7 @@ def test_the_table_is_published_by_state_with_zeros(monkeypatch):
 def test_messages_for_unknown_rooms_are_counted_and_logged_sparingly(caplog):
     h, ch, _ = main()
     ch.inbox = [(RELAY, Tokens(room=1000 + i, ids=[1])) for i in range(100)]
-    with caplog.at_level("WARNING", logger="sglang_pdd.main.handoff"):
+    with caplog.at_level("WARNING", logger="sglang_pdd.decode.main.handoff"):
         assert h.poll() == []
     assert h.stats.unknown_messages == 100
     assert len([r for r in caplog.records if "unknown or finished room" in r.getMessage()]) == 7  # 1, 2, 4.. 64

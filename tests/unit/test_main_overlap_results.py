@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from sglang_pdd.main.handoff_attention import HandoffAttention
-from sglang_pdd.main.runtime import MainRuntime
+from sglang_pdd.decode.main.handoff_attention import HandoffAttention
+from sglang_pdd.decode.main.runtime import MainRuntime
 
 
 class Batch:
@@ -41,7 +41,7 @@ def runtime():
 
 def launch(rt, names):
     """What `_select` does for a catch-up chunk: remember its items by the batch's requests."""
-    from sglang_pdd.main.runtime import chunk_key
+    from sglang_pdd.decode.main.runtime import chunk_key
 
     items = [SimpleNamespace(name=n, req=req(n)) for n in names]
     batch = Batch([p.req for p in items])

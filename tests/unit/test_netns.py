@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from sglang_pdd.netns import NetNS, netns_supported
+from sglang_pdd.lab.testbed.netns import NetNS, netns_supported
 
 ok, why = netns_supported()
 pytestmark = pytest.mark.skipif(not ok, reason=why)
@@ -25,7 +25,7 @@ def test_namespace_has_only_loopback_up(ns):
 
 def test_entering_moves_the_process_and_its_children(ns):
     code = (
-        "import subprocess, sys; from sglang_pdd.netns import NetNS; NetNS(sys.argv[1]).enter(); "
+        "import subprocess, sys; from sglang_pdd.lab.testbed.netns import NetNS; NetNS(sys.argv[1]).enter(); "
         "print(open('/proc/self/ns/net').name, subprocess.run(['readlink', '/proc/self/ns/net'], "
         "capture_output=True, text=True).stdout.strip())"
     )

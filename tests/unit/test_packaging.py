@@ -55,7 +55,7 @@ def test_the_wheel_holds_the_plugin_and_its_kernels(wheel):
     assert "sglang_pdd/kernels/__init__.py" in names
     assert any(n.startswith("sglang_pdd/kernels/") and n.endswith(".py") and not n.endswith("__init__.py")
                for n in names)  # the kernels themselves
-    assert "sglang_pdd/router/__main__.py" in names and "sglang_pdd/testing/fake_upstream.py" in names
+    assert "sglang_pdd/router/__main__.py" in names and "sglang_pdd/lab/testing/fake_upstream.py" in names
     assert not any(n.startswith(("kernels/", "tests/", "examples/")) for n in names)
     # every package in the source tree is in the wheel
     for root in ("sglang_pdd", "kernels"):

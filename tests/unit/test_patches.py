@@ -1,7 +1,7 @@
 """patches/ applies to the installed sglang, compiles, and its own unit tests pass on the patched copy.
 
 The series is in sglang's repository layout (`python/sglang/...`, `test/registered/...`).
-sglang_pdd.testing.patched_sglang rebuilds that layout in a temporary directory from a copy of the
+sglang_pdd.lab.testing.patched_sglang rebuilds that layout in a temporary directory from a copy of the
 installed package (`<tmp>/python/sglang`) and runs `git apply --check`, then `git apply`, on every
 patch in order; the test byte-compiles every Python file the series touches, and runs the unit tests the series adds
 (CPU, no server) in one subprocess whose `PYTHONPATH` puts the patched copy first. The tests
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_pdd.testing import patched_sglang
-from sglang_pdd.testing.patched_sglang import touched as _touched
+from sglang_pdd.lab.testing import patched_sglang
+from sglang_pdd.lab.testing.patched_sglang import touched as _touched
 
 REPO = patched_sglang.REPO
 PATCHES = patched_sglang.patches()

@@ -2,7 +2,7 @@
 
 import pytest
 
-from sglang_pdd.cache.exact_view import ExactCacheView
+from sglang_pdd.router.cache.exact_view import ExactCacheView
 from sglang_pdd.policy.bandwidth import BandwidthEstimator
 from sglang_pdd.policy.peer_choice import Candidate, ChoiceConfig, PeerChooser
 from sglang_pdd.policy.pipeline import PipelinePolicy, PipelinePolicyConfig

@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from sglang_pdd.cache import prefix_view
-from sglang_pdd.cache.prefix_view import PrefixView
+from sglang_pdd.router.cache import prefix_view
+from sglang_pdd.router.cache.prefix_view import PrefixView
 
 
 def test_matches_page_granular_prefixes_and_forgets_the_least_recently_used():

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_pdd.rank_sync import Abort, Finish, Hold, RankSync, Refuse, Round
+from sglang_pdd.decode.rank_sync import Abort, Finish, Hold, RankSync, Refuse, Round
 
 pytest.importorskip("torch")
 
@@ -72,7 +72,7 @@ def req(rid):
 
 
 def test_main_follower_holds_and_ends_what_rank_0_did(monkeypatch):
-    from sglang_pdd.main import follower as mod
+    from sglang_pdd.decode.main import follower as mod
 
     ended = []
     monkeypatch.setattr(mod, "end_request", lambda s, r, held, msg, rf, keep: ended.append((r.rid, held, msg)))
@@ -92,7 +92,7 @@ def test_main_follower_holds_and_ends_what_rank_0_did(monkeypatch):
 
 
 def test_main_follower_stops_when_the_ranks_disagree():
-    from sglang_pdd.main.follower import MainFollower
+    from sglang_pdd.decode.main.follower import MainFollower
 
     f = MainFollower(SimpleNamespace(waiting_queue=[]), Sync(Round([Hold("a")]), Round([Refuse("x", "no", 400)])),
                      attention=SimpleNamespace(disarm=lambda *a: None))
@@ -103,7 +103,7 @@ def test_main_follower_stops_when_the_ranks_disagree():
 
 
 def test_relay_follower_finishes_the_request_rank_0_handed_over(monkeypatch):
-    from sglang_pdd.relay import follower as mod
+    from sglang_pdd.decode.relay import follower as mod
 
     done = []
     monkeypatch.setattr(mod, "end_with_handoff", lambda s, r, k, mode: done.append((r.rid, k, mode)))

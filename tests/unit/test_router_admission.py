@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from sglang_pdd.router.admission import ModelLimits
-from sglang_pdd.testing import fake_upstream as fu
+from sglang_pdd.lab.testing import fake_upstream as fu
 
 LIMITS = ModelLimits(vocab_size=1024, context_len=64)
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from sglang_pdd.testing import fake_upstream as fu
+from sglang_pdd.lab.testing import fake_upstream as fu
 
 
 def run(coro, guard_s: float = 30.0):

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from sglang_pdd.metrics import parse_exposition
 from sglang_pdd.protocol.handoff_finish import HandoffFinish
-from sglang_pdd.testing import fake_upstream as fu
+from sglang_pdd.lab.testing import fake_upstream as fu
 
 PROMPT = [5, 6, 7]
 

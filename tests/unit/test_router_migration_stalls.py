@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from sglang_pdd.testing import fake_upstream as fu
+from sglang_pdd.lab.testing import fake_upstream as fu
 
 from .test_router_migration import PROMPT, _body, _migrations, _post, model, reference, run
 

@@ -4,7 +4,7 @@ prompt is being tokenized, the router keeps serving everyone else."""
 import asyncio
 import threading
 
-from sglang_pdd.testing import fake_upstream as fu
+from sglang_pdd.lab.testing import fake_upstream as fu
 
 
 class BlockingTokenizer(fu.CharTokenizer):

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from sglang_pdd.testing.servers import ServerGroup, ServerStartError, free_port, http_json
+from sglang_pdd.lab.testing.servers import ServerGroup, ServerStartError, free_port, http_json
 
 HTTP_SERVER = textwrap.dedent("""
     import http.server, subprocess, sys

@@ -4,14 +4,14 @@ import json
 
 import pytest
 
-from sglang_pdd.workload.generator import generate
-from sglang_pdd.workload.trace import write_jsonl
-from sglang_pdd.sim.calibration import calibrate, calibration_report, report_from_records
-from sglang_pdd.sim.cli import main
-from sglang_pdd.sim.metrics import Sla
-from sglang_pdd.sim.presets import TINY_MODEL, tiny_system, tiny_workload
-from sglang_pdd.sim.runner import run
-from sglang_pdd.sim.wan import WanSpec
+from sglang_pdd.lab.workload.generator import generate
+from sglang_pdd.lab.workload.trace import write_jsonl
+from sglang_pdd.lab.sim.calibration import calibrate, calibration_report, report_from_records
+from sglang_pdd.lab.sim.cli import main
+from sglang_pdd.lab.sim.metrics import Sla
+from sglang_pdd.lab.sim.presets import TINY_MODEL, tiny_system, tiny_workload
+from sglang_pdd.lab.sim.runner import run
+from sglang_pdd.lab.sim.wan import WanSpec
 
 
 @pytest.fixture

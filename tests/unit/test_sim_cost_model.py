@@ -1,10 +1,10 @@
-"""Invariants of the roofline cost model (sglang_pdd.sim.cost_model)."""
+"""Invariants of the roofline cost model (sglang_pdd.lab.sim.cost_model)."""
 
 import pytest
 
-from sglang_pdd.sim.cost_model import Chunk, CostModel
-from sglang_pdd.sim.hardware import CHIP_A, CHIP_B, Chip, Efficiency, InstanceSpec
-from sglang_pdd.sim.model import DENSE_70B, PAPER_MOE, ModelSpec
+from sglang_pdd.lab.sim.cost_model import Chunk, CostModel
+from sglang_pdd.lab.sim.hardware import CHIP_A, CHIP_B, Chip, Efficiency, InstanceSpec
+from sglang_pdd.lab.sim.model import DENSE_70B, PAPER_MOE, ModelSpec
 
 
 @pytest.fixture(params=[PAPER_MOE, DENSE_70B], ids=lambda m: m.name)

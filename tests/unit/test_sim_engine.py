@@ -3,17 +3,17 @@
 import numpy as np
 import pytest
 
-from sglang_pdd.workload.generator import generate, measured
-from sglang_pdd.sim.cost_model import CostModel
-from sglang_pdd.sim.decode import DecodeInstance
-from sglang_pdd.sim.engine import EventLoop
-from sglang_pdd.sim.hardware import InstanceSpec
-from sglang_pdd.sim.metrics import Sla
-from sglang_pdd.sim.prefill import PrefillInstance, PrefillJob
-from sglang_pdd.sim.presets import CPU_A, TINY_MODEL, tiny_system, tiny_workload
-from sglang_pdd.sim.runner import run
-from sglang_pdd.sim.systems import SYSTEM_NAMES
-from sglang_pdd.sim.wan import WanSpec
+from sglang_pdd.lab.workload.generator import generate, measured
+from sglang_pdd.lab.sim.cost_model import CostModel
+from sglang_pdd.lab.sim.decode import DecodeInstance
+from sglang_pdd.lab.sim.engine import EventLoop
+from sglang_pdd.lab.sim.hardware import InstanceSpec
+from sglang_pdd.lab.sim.metrics import Sla
+from sglang_pdd.lab.sim.prefill import PrefillInstance, PrefillJob
+from sglang_pdd.lab.sim.presets import CPU_A, TINY_MODEL, tiny_system, tiny_workload
+from sglang_pdd.lab.sim.runner import run
+from sglang_pdd.lab.sim.systems import SYSTEM_NAMES
+from sglang_pdd.lab.sim.wan import WanSpec
 
 SLA = Sla(ttft_s=2.0, tpot_s=0.05)
 

@@ -5,13 +5,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from sglang_pdd.sim.bathtub import run_bathtub
-from sglang_pdd.sim.goodput import max_goodput
-from sglang_pdd.sim.metrics import Sla
-from sglang_pdd.sim.paper import PaperSetting
-from sglang_pdd.sim.presets import CPU_B, TINY_MODEL, tiny_system, tiny_workload
-from sglang_pdd.sim.sizing import candidates
-from sglang_pdd.sim.systems import PoolSpec
+from sglang_pdd.lab.sim.bathtub import run_bathtub
+from sglang_pdd.lab.sim.goodput import max_goodput
+from sglang_pdd.lab.sim.metrics import Sla
+from sglang_pdd.lab.sim.paper import PaperSetting
+from sglang_pdd.lab.sim.presets import CPU_B, TINY_MODEL, tiny_system, tiny_workload
+from sglang_pdd.lab.sim.sizing import candidates
+from sglang_pdd.lab.sim.systems import PoolSpec
 
 
 @pytest.fixture(scope="module")

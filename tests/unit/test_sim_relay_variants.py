@@ -2,18 +2,18 @@
 
 import pytest
 
-from sglang_pdd.workload.generator import generate, measured
-from sglang_pdd.sim.colocated_relay import SharedPrefillCost, colocated_system
-from sglang_pdd.sim.cost_model import Chunk, CostModel
-from sglang_pdd.sim.decode import DecodeInstance
-from sglang_pdd.sim.elastic_relay import ElasticCluster, elastic_system
-from sglang_pdd.sim.engine import EventLoop
-from sglang_pdd.sim.hardware import Efficiency, InstanceSpec
-from sglang_pdd.sim.metrics import Sla
-from sglang_pdd.sim.presets import CPU_A, TINY_MODEL, tiny_system, tiny_workload
-from sglang_pdd.sim.relay_regimes import REGIMES, relay_systems
-from sglang_pdd.sim.runner import run
-from sglang_pdd.sim.wan import WanSpec
+from sglang_pdd.lab.workload.generator import generate, measured
+from sglang_pdd.lab.sim.colocated_relay import SharedPrefillCost, colocated_system
+from sglang_pdd.lab.sim.cost_model import Chunk, CostModel
+from sglang_pdd.lab.sim.decode import DecodeInstance
+from sglang_pdd.lab.sim.elastic_relay import ElasticCluster, elastic_system
+from sglang_pdd.lab.sim.engine import EventLoop
+from sglang_pdd.lab.sim.hardware import Efficiency, InstanceSpec
+from sglang_pdd.lab.sim.metrics import Sla
+from sglang_pdd.lab.sim.presets import CPU_A, TINY_MODEL, tiny_system, tiny_workload
+from sglang_pdd.lab.sim.relay_regimes import REGIMES, relay_systems
+from sglang_pdd.lab.sim.runner import run
+from sglang_pdd.lab.sim.wan import WanSpec
 
 SLA = Sla(ttft_s=2.0, tpot_s=0.05)
 CONGESTED = WanSpec(bandwidth_gbps=0.05, rtt_s=0.02, jitter=0.0)
@@ -131,7 +131,7 @@ def test_negative_control_huge_switch_cost_loses_the_advantage(reqs):
 
 
 def test_regimes_and_systems():
-    from sglang_pdd.sim.paper import PaperSetting
+    from sglang_pdd.lab.sim.paper import PaperSetting
     names = [sp.name for sp in relay_systems(PaperSetting())]
     assert names == ["xdc-pd-drc", "pdd-bw", "pdd-elastic", "pdd-colocated"]
     assert {r.name for r in REGIMES} >= {"paper 40G", "congested 25G"}
@@ -140,7 +140,7 @@ def test_regimes_and_systems():
 
 def test_report_has_a_bcr_row_per_system_and_a_column_per_regime():
     from types import SimpleNamespace as NS
-    from sglang_pdd.sim.relay_regimes import RegimeRow, relay_regimes_report
+    from sglang_pdd.lab.sim.relay_regimes import RegimeRow, relay_regimes_report
     names = ("xdc-pd-drc", "pdd-bw", "pdd-elastic", "pdd-colocated")
     prices = dict(zip(names, (72.0, 80.0, 72.0, 72.0)))
     res = {n: NS(bcr=0.2 + 0.01 * i, goodput_rps=10.0 + i) for i, n in enumerate(names)}

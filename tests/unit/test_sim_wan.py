@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from sglang_pdd.sim.engine import EventLoop
-from sglang_pdd.sim.wan import WanLink, WanSpec
+from sglang_pdd.lab.sim.engine import EventLoop
+from sglang_pdd.lab.sim.wan import WanLink, WanSpec
 
 
 def _run(spec, transfers, cancel_at=None):

@@ -8,7 +8,7 @@ import pytest
 
 from sglang_pdd import config, supported
 from sglang_pdd.hooks import server_args as server_args_hook
-from sglang_pdd.testing.launch_args import ServerConfig
+from sglang_pdd.lab.testing.launch_args import ServerConfig
 
 pytest.importorskip("sglang")
 

@@ -4,8 +4,8 @@ whole context, and float reordering cannot flip it. Every e2e identity test stan
 import json
 import os
 
-from sglang_pdd.testing import model_check
-from sglang_pdd.testing.tiny_model import TinyModelSpec, build
+from sglang_pdd.lab.testing import model_check
+from sglang_pdd.lab.testing.tiny_model import TinyModelSpec, build
 
 
 def test_every_greedy_token_depends_on_the_context_and_not_on_rounding(tiny_model, figures):

@@ -1,6 +1,6 @@
 import pytest
 
-from sglang_pdd.testing.tiny_model import TinyModelSpec
+from sglang_pdd.lab.testing.tiny_model import TinyModelSpec
 
 
 def test_default_kv_size_is_realistic():

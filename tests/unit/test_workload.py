@@ -1,12 +1,12 @@
-"""Contract of the agentic workload generator (sglang_pdd.workload)."""
+"""Contract of the agentic workload generator (sglang_pdd.lab.workload)."""
 
 import numpy as np
 import pytest
 
-from sglang_pdd.workload.distributions import HitBucket, HitHistogram, LengthRange
-from sglang_pdd.workload.generator import WorkloadConfig, generate, measured
-from sglang_pdd.workload.request import Segment, common_prefix_len, output_segment, truncate_segments
-from sglang_pdd.workload.trace import read_jsonl, write_jsonl
+from sglang_pdd.lab.workload.distributions import HitBucket, HitHistogram, LengthRange
+from sglang_pdd.lab.workload.generator import WorkloadConfig, generate, measured
+from sglang_pdd.lab.workload.request import Segment, common_prefix_len, output_segment, truncate_segments
+from sglang_pdd.lab.workload.trace import read_jsonl, write_jsonl
 
 
 def _cfg(**kw):

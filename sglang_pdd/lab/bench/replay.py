@@ -1,0 +1,120 @@
+"""Replay a workload trace against one system: sessions in parallel, turns closed-loop.
+
+Each session is one thread. Its first measured turn is sent at the turn's `arrival_s` (the Poisson
+session start); every later turn `think_s` after the previous one completed, with the previous
+turns' *real* output token IDs in its prompt (as an agent resends its history). So every system
+sees the same prompts as long as it produces the same greedy outputs. Warm-ups (the context each
+session had before the window) are sent one by one before the window and not measured.
+
+Call `replay`/`warm_up` from a thread inside the client's cluster: the threads it starts inherit
+that network namespace.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from collections import defaultdict
+from typing import Callable, Protocol, Sequence
+
+from sglang_pdd.lab.bench.client import StreamResult, greedy_request
+from sglang_pdd.lab.bench.metrics import RequestRecord
+from sglang_pdd.lab.workload.request import WorkloadRequest
+
+logger = logging.getLogger(__name__)
+
+Send = Callable[[dict, float], StreamResult]
+
+
+class Progress(Protocol):
+    def update(self, n: int = 1) -> object: ...
+
+    def close(self) -> object: ...
+
+
+class _NoProgress:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def progress_bar(total: int, desc: str, enabled: bool = True) -> Progress:
+    """A tqdm bar on stderr (a no-op when disabled or tqdm is missing)."""
+    if not enabled:
+        return _NoProgress()
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoProgress()
+    return tqdm(total=total, desc=desc, unit="req", file=sys.stderr, leave=True, dynamic_ncols=True)
+
+
+def sessions(reqs: Sequence[WorkloadRequest]) -> dict[int, list[WorkloadRequest]]:
+    """Measured turns per session, in turn order (warm-ups left out)."""
+    by: dict[int, list[WorkloadRequest]] = defaultdict(list)
+    for r in reqs:
+        if not r.warmup:
+            by[r.session_id].append(r)
+    return {s: sorted(v, key=lambda r: r.turn) for s, v in sorted(by.items())}
+
+
+def warm_up(send: Send, reqs: Sequence[WorkloadRequest], vocab_size: int, timeout_s: float) -> int:
+    """Send the warm-ups one by one; returns how many failed."""
+    failed = 0
+    for r in reqs:
+        if not r.warmup:
+            continue
+        res = send(greedy_request(r.token_ids(vocab_size), r.max_output_tokens), timeout_s)
+        if not res.ok:
+            failed += 1
+            logger.warning("warm-up %s failed: %s", r.request_id, res.error)
+    return failed
+
+
+def replay(send: Send, reqs: Sequence[WorkloadRequest], vocab_size: int, timeout_s: float,
+           progress: Progress | None = None) -> list[RequestRecord]:
+    """Run the measured turns; records in trace order. Times are relative to the window start."""
+    progress = progress or _NoProgress()
+    records: list[RequestRecord] = []
+    lock = threading.Lock()
+    t0 = time.monotonic()
+
+    def run_session(turns: list[WorkloadRequest]) -> None:
+        outputs: dict[int, list[int]] = {}
+        for i, r in enumerate(turns):
+            if i == 0:
+                time.sleep(max(0.0, t0 + r.arrival_s - time.monotonic()))
+            else:
+                time.sleep(r.think_s)
+            body = greedy_request(r.token_ids(vocab_size, outputs), r.max_output_tokens)
+            sent = time.monotonic() - t0
+            res = send(body, timeout_s)
+            if res.ok:
+                outputs[r.turn] = res.output_ids
+            else:
+                logger.warning("%s failed: %s", r.request_id, res.error)
+            rec = RequestRecord(
+                request_id=r.request_id, session_id=r.session_id, turn=r.turn, input_len=r.input_len,
+                hit_rate=r.hit_rate, sent_s=sent, ok=res.ok, ttft_s=res.ttft_s, e2e_s=res.e2e_s,
+                tpot_s=res.tpot_s, prompt_tokens=res.prompt_tokens, output_tokens=res.output_tokens,
+                cached_tokens=res.cached_tokens, error=res.error, pipeline=res.pipeline,
+                handoff_tokens=res.handoff_tokens, handoff_mode=res.pdd.get("handoff_mode") or "",
+                md_hit=res.pdd.get("md_hit"), missed_bytes=res.pdd.get("missed_bytes"),
+                rld_in_flight=res.pdd.get("rld_in_flight"), route_reason=str(res.pdd.get("reason") or ""))
+            with lock:
+                records.append(rec)
+                progress.update(1)
+
+    threads = [threading.Thread(target=run_session, args=(turns,), name=f"session-{sid}", daemon=True)
+               for sid, turns in sessions(reqs).items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    progress.close()
+    order = {r.request_id: i for i, r in enumerate(reqs)}
+    return sorted(records, key=lambda rec: order.get(rec.request_id, 0))

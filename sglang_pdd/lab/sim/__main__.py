@@ -1,0 +1,5 @@
+import sys
+
+from sglang_pdd.lab.sim.cli import main
+
+sys.exit(main())

@@ -1,0 +1,110 @@
+"""`python -m sglang_pdd.lab.sim`: the paper scenario, sweeps, sizing, calibration, plots."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from dataclasses import replace
+from typing import Optional, Sequence
+
+from sglang_pdd.lab.sim.bathtub import bathtub_report, run_bathtub
+from sglang_pdd.lab.sim.calibration import calibrate_cli
+from sglang_pdd.lab.sim.export import paper_json
+from sglang_pdd.lab.sim.metrics import Sla
+from sglang_pdd.lab.sim.oscillation import oscillation_report, run_oscillation
+from sglang_pdd.lab.sim.paper import PaperSetting, run_paper
+from sglang_pdd.lab.sim.plots import plot_bathtub, plot_oscillation, plot_paper, plot_wan_sweep
+from sglang_pdd.lab.sim.relay_regimes import relay_regimes_report, run_relay_regimes
+from sglang_pdd.lab.sim.report import paper_report
+from sglang_pdd.lab.sim.sizing import sizing_report
+from sglang_pdd.lab.sim.trace_run import run_trace
+from sglang_pdd.lab.sim.wan_sweep import run_wan_sweep, wan_sweep_report
+from sglang_pdd.lab.workload.generator import generate
+from sglang_pdd.lab.workload.trace import write_jsonl
+
+logger = logging.getLogger(__name__)
+
+SCENARIOS = ("paper", "bathtub", "oscillation", "wan-sweep", "relay-variants", "trace")
+
+
+def _setting(args: argparse.Namespace) -> PaperSetting:
+    s = PaperSetting()
+    wan = replace(s.wan, bandwidth_gbps=args.wan_gbps) if args.wan_gbps else s.wan
+    sla = Sla(args.ttft_sla or s.sla.ttft_s, args.tpot_sla or s.sla.tpot_s, s.sla.attainment)
+    wl = replace(s.workload, duration_s=args.window) if args.window else s.workload
+    if args.seed is not None:
+        wl = replace(wl, seed=args.seed)
+    return replace(s, wan=wan, sla=sla, workload=wl)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sglang_pdd.lab.sim", description=__doc__)
+    ap.add_argument("--scenario", choices=SCENARIOS, default="paper")
+    ap.add_argument("--sizing", action="store_true",
+                    help="search the cheapest PDD chip mix meeting the SLA at --load")
+    ap.add_argument("--load", type=float, default=None, help="offered req/s for --sizing")
+    ap.add_argument("--calibrate", metavar="REPORT.json",
+                    help="compare a measured testbed report with the simulator (see docs/sim.md)")
+    ap.add_argument("--trace", metavar="TRACE.jsonl",
+                    help="workload trace (JSONL) for --scenario trace and --calibrate")
+    ap.add_argument("--systems", default="same-dc-pd,xdc-pd-drc,pdd-adaptive,pdd-bw",
+                    help="comma-separated systems for --scenario trace (paper deployments)")
+    ap.add_argument("--export-trace", metavar="TRACE.jsonl",
+                    help="write the paper-scale workload (at --load req/s) as a JSONL trace and exit")
+    ap.add_argument("--plots", metavar="DIR", help="write PNG plots (needs matplotlib)")
+    ap.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    ap.add_argument("--wan-gbps", type=float, default=None)
+    ap.add_argument("--ttft-sla", type=float, default=None)
+    ap.add_argument("--tpot-sla", type=float, default=None)
+    ap.add_argument("--window", type=float, default=None, help="workload window, s")
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("-v", "--verbose", action="store_true")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    s = _setting(args)
+    t0 = time.time()
+    if args.calibrate:
+        return calibrate_cli(args.calibrate, args.trace, s)
+    if args.export_trace:
+        wl = replace(s.workload, request_rate=args.load or s.workload.request_rate)
+        reqs = generate(wl)
+        write_jsonl(reqs, args.export_trace)
+        print(f"wrote {len(reqs)} requests to {args.export_trace}")
+        return 0
+    if args.scenario == "trace":
+        if not args.trace:
+            ap.error("--scenario trace needs --trace TRACE.jsonl")
+        print(run_trace(s, args.trace, args.systems.split(",")))
+    elif args.sizing:
+        print(sizing_report(s, args.load))
+    elif args.scenario == "paper":
+        res = run_paper(s)
+        print(paper_report(res))
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as f:
+                json.dump(paper_json(res), f, indent=1)
+        if args.plots:
+            plot_paper(res, args.plots)
+    elif args.scenario == "bathtub":
+        res = run_bathtub(s)
+        print(bathtub_report(res))
+        if args.plots:
+            plot_bathtub(res, args.plots)
+    elif args.scenario == "oscillation":
+        res = run_oscillation(s)
+        print(oscillation_report(res))
+        if args.plots:
+            plot_oscillation(res, args.plots)
+    elif args.scenario == "wan-sweep":
+        res = run_wan_sweep(s)
+        print(wan_sweep_report(res))
+        if args.plots:
+            plot_wan_sweep(res, args.plots)
+    elif args.scenario == "relay-variants":
+        print(relay_regimes_report(run_relay_regimes(s)))
+    print(f"\n(total wall time {time.time() - t0:.1f} s)", file=sys.stderr)
+    return 0

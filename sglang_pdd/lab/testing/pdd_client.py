@@ -1,0 +1,129 @@
+"""Driving P, RLD and MD by hand, as the PDD router does (and as tests and benchmarks do without it).
+
+One relayed request, planned as the router plans it (`protocol.room_plan`): P gets the prompt for
+room R and, in the same body, `custom_params.pdd.main_room = R2` so its fan-out sender also feeds MD
+(room R2). `fanout=False` sends P RLD's body (room R, no `main_room`) and a second request, MD's body
+for room R2, instead (P's radix cache makes it cheap). RLD gets room R; MD gets room R2 with
+`relay_room = R` and RLD's token-channel address. P's and MD's parameters are signed with the
+secret the servers hold (`SGLANG_PDD_SECRET`), as the router signs them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from sglang_pdd.metrics import parse_exposition
+from sglang_pdd.policy.pipeline import Pipeline
+from sglang_pdd.protocol import room_plan
+from sglang_pdd.protocol.handoff_finish import HandoffFinish
+from sglang_pdd.protocol.request_auth import signer_from_env
+from sglang_pdd.lab.testing.client import GenerateError, generate
+from sglang_pdd.lab.testing.servers import http_json
+
+
+@dataclass
+class Roles:
+    prefill: str  # URL
+    relay: str
+    main: str
+    bootstrap_host: str
+    bootstrap_port: int
+    token_channel: str  # tcp://host:port of RLD
+
+
+@dataclass
+class RelayedResult:
+    relay: dict
+    main: dict
+    k: int
+    tokens: list[int]  # the stitched stream: RLD's t1..tk, then MD's from k
+    timings: dict = field(default_factory=dict)
+
+    @property
+    def handed_over(self) -> bool:
+        return HandoffFinish.from_finish(self.relay["meta_info"]["finish_reason"]) is not None
+
+
+def held_on_main(url: str) -> float:
+    """MD's gauge of requests whose KV landed and that wait for RLD's tokens."""
+    status, text = http_json(url + "/metrics")
+    return sum(parse_exposition(text, "sglang_pdd_handoff_held_requests").values()) if status == 200 else 0.0
+
+
+def relayed_generate(roles: Roles, body: dict, **kw) -> RelayedResult:
+    """One request through P -> RLD -> MD (see `relayed_generate_many`)."""
+    return relayed_generate_many(roles, [body], **kw)[0]
+
+
+def relayed_generate_many(roles: Roles, bodies: list[dict], *, fanout: bool = False, main_first: bool = False,
+                          main_extra: dict | None = None, wait_s: float = 120.0) -> list[RelayedResult]:
+    """Requests through P -> RLD -> MD at once. `main_first` (not with `fanout`): MD's legs go first and
+    RLD's only once MD holds them all (KV landed, Ready sent), so RLD answers each at its first chance:
+    k = 1, or exactly the relay's `relay_min_eager` test knob. Otherwise every leg goes at once."""
+    assert not (fanout and main_first), "the fan-out needs RLD's leg to bootstrap MD's"
+    results: dict[tuple[int, str], object] = {}
+    main_calls, relay_calls = [], []
+    for i, body in enumerate(bodies):
+        plan = room_plan.plan(body, Pipeline.P_RLD_MD, roles.bootstrap_host, roles.bootstrap_port,
+                              roles.token_channel, main_params=main_extra, signer=signer_from_env())
+        to_relay, to_main = plan.bodies["relay"], plan.bodies["main"]
+        main_calls.append((i, "main", roles.main, to_main))
+        if fanout:
+            relay_calls.append((i, "prefill", roles.prefill, plan.bodies["prefill"]))
+        else:
+            relay_calls.append((i, "prefill", roles.prefill, to_relay))
+            main_calls.append((i, "prefill_main", roles.prefill, to_main))
+        relay_calls.append((i, "relay", roles.relay, to_relay))
+    t0 = time.monotonic()
+
+    def call(i, name, url, b):
+        try:
+            results[i, name] = generate(url, b)
+        except Exception as e:
+            results[i, name] = e
+        results[i, name + "_s"] = time.monotonic() - t0
+
+    def start(calls):
+        ts = [threading.Thread(target=call, args=c) for c in calls]
+        for t in ts:
+            t.start()
+        return ts
+
+    if main_first:
+        held = held_on_main(roles.main)
+        threads = start(main_calls)
+        deadline = time.monotonic() + wait_s
+        while held_on_main(roles.main) < held + len(bodies):
+            if any((i, "main") in results for i in range(len(bodies))):
+                raise GenerateError(f"main answered before the relay was asked: {results}")
+            if time.monotonic() > deadline:
+                raise GenerateError(f"main never held the requests within {wait_s:g} s")
+            time.sleep(0.05)
+        threads += start(relay_calls)
+    else:
+        threads = start(main_calls + relay_calls)
+    for t in threads:
+        t.join()
+    return [_stitch(results, i, main_calls + relay_calls) for i in range(len(bodies))]
+
+
+def _stitch(results: dict, i: int, calls: list) -> RelayedResult:
+    if isinstance(results[i, "relay"], Exception):
+        raise GenerateError(f"relay: {results[i, 'relay']}")
+    relay, main = results[i, "relay"], results[i, "main"]
+    handoff = HandoffFinish.from_finish(relay["meta_info"]["finish_reason"])
+    if isinstance(main, Exception):
+        if handoff is not None:
+            raise GenerateError(f"main: {main}")
+        main = {"error": str(main)}  # the relay finished the request; MD's copy was let go
+    if handoff is not None:
+        k = handoff.handoff_tokens
+        tokens = relay["output_ids"][:k] + main["output_ids"][k:]
+    else:  # the relay finished the request itself
+        k = len(relay["output_ids"])
+        tokens = relay["output_ids"]
+    return RelayedResult(relay=relay, main=main, k=k, tokens=tokens,
+                         timings={n: results[i, n + "_s"] for j, n, *_ in calls if j == i})
+
