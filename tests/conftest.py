@@ -139,7 +139,7 @@ def server_group(private_netns, log_dir):
 @pytest.fixture(scope="session")
 def patched_sglang_root(tmp_path_factory):
     """A copy of the installed sglang with patches/ applied (sglang_pdd.lab.testing.patched_sglang), built once
-    per session for tests/unit/test_patches.py and tests/e2e/test_patched_sglang.py."""
+    per session for tests/unit/plugin/test_patches.py and tests/e2e/test_patched_sglang.py."""
     import shutil
 
     from sglang_pdd.lab.testing import patched_sglang

@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 
 
 class Poll(enum.IntEnum):
-    """sglang's `KVPoll` values (plain ints there; tests/unit/test_fanout_sender.py pins the equality)."""
+    """sglang's `KVPoll` values (plain ints there; tests/unit/transfer/test_fanout_sender.py pins the equality)."""
 
     Failed = 0
     Bootstrapping = 1

@@ -29,7 +29,7 @@ from sglang_pdd.transfer.landing_arena import LandingArena
 
 logger = logging.getLogger(__name__)
 
-SUCCESS, FAILED = 4, 0  # sglang's KVPoll values (pinned in tests/unit/test_fanout_sender.py)
+SUCCESS, FAILED = 4, 0  # sglang's KVPoll values (pinned in tests/unit/transfer/test_fanout_sender.py)
 BLOCK_SLACK = 128  # per block: alignment of its start and of its regions (see region_size)
 
 

@@ -14,7 +14,7 @@ from sglang_pdd.decode.main.handoff_attention import (CPU_TEST_POLICY, CUDA_POLI
                                                batch_refusal, layer_refusal)
 from sglang_pdd.roles import Role
 
-from .fakes import (FakeAttnBackend, FakeAttnLayer, FakeForwardBatch, FakeMode, FakeReqToTokenPool,
+from tests.unit.fakes import (FakeAttnBackend, FakeAttnLayer, FakeForwardBatch, FakeMode, FakeReqToTokenPool,
                     MHATokenToKVPool)
 
 CPU_POLICY = KernelPolicy(devices=("cpu",), dtypes=(torch.float32,))

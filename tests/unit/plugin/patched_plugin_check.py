@@ -1,4 +1,4 @@
-"""Run by tests/unit/test_patches.py with the patched sglang first on PYTHONPATH (not a pytest module).
+"""Run by tests/unit/plugin/test_patches.py with the patched sglang first on PYTHONPATH (not a pytest module).
 
 Checks that the plugin serves each ported capability through sglang's own classes there:
 * 0002: P's fan-out is sglang's KV destinations provider: `create_sender` builds a

@@ -8,7 +8,7 @@ import pytest
 
 from sglang_pdd.transfer.fanout import FanoutContext, FanoutSender, MainState, Poll
 
-from .fakes import FakeChildSender, FakeClock, FakeRooms, FakeSlots, FakeTransferError
+from tests.unit.fakes import FakeChildSender, FakeClock, FakeRooms, FakeSlots, FakeTransferError
 
 R, R2 = 111, 222
 AUX = 3

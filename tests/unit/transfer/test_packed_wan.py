@@ -20,7 +20,7 @@ from sglang_pdd.transfer.kv_pool_view import ATTR, KVPoolView, attach, view_of, 
 from sglang_pdd.transfer.packed_receiver import SUCCESS
 from sglang_pdd.transfer.packed_sender import _CURSOR_ATTR
 
-from .packed_wan_fakes import FakeKVManager, MHATokenToKVPool, assert_landed, assert_untouched, make_link
+from tests.unit.packed_wan_fakes import FakeKVManager, MHATokenToKVPool, assert_landed, assert_untouched, make_link
 
 DST = [9, 3, 5, 1, 12, 0, 14]  # MD's pages of the room, in token order
 SRC = [2, 7, 4, 11, 0, 15, 6]  # P's pages of the same tokens

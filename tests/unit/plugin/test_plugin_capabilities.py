@@ -1,6 +1,6 @@
 """The plugin's choice at load between a hook and an extension point of patches/ (plugin.CAPABILITIES).
 
-On the installed (stock) sglang every capability takes its hook; tests/unit/test_patches.py checks
+On the installed (stock) sglang every capability takes its hook; tests/unit/plugin/test_patches.py checks
 that on the patched copy every capability takes sglang's extension point instead.
 """
 
@@ -72,7 +72,7 @@ def test_every_capability_hands_the_plugin_a_callable_or_needs_none():
 def test_the_ledger_covers_every_hook_and_counts_the_ported_retirements():
     from pathlib import Path
 
-    ledger = (Path(__file__).resolve().parents[2] / "patches" / "LEDGER.md").read_text()
+    ledger = (Path(__file__).resolve().parents[3] / "patches" / "LEDGER.md").read_text()
     rows = [line for line in ledger.splitlines() if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
     assert len(rows) == len(plugin.HOOKS)
     for h in plugin.HOOKS:

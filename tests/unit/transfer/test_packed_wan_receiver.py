@@ -11,7 +11,7 @@ from sglang_pdd.protocol.landing import ENTRY, BlockEntry, align_up, decode_offe
 from sglang_pdd.transfer.kv_pool_view import ATTR, view_of
 from sglang_pdd.transfer.packed_receiver import FAILED, SUCCESS, PackedReceiver, region_size
 
-from .packed_wan_fakes import FakeKVManager, MHATokenToKVPool, assert_landed, assert_untouched, make_link
+from tests.unit.packed_wan_fakes import FakeKVManager, MHATokenToKVPool, assert_landed, assert_untouched, make_link
 
 DST = [9, 3, 5, 1]
 SRC = [2, 7, 4, 11]
