@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import threading
 
-from sglang_pdd.transfer import pool_state
-
 PREFIX = "sglang_pdd_"
 _lock = threading.Lock()
 _metrics: dict[str, object] = {}
@@ -116,17 +114,15 @@ def set_handoff_requests(role: str, by_state: dict[str, int]) -> None:
         g.labels(role, state).set(n)
 
 
-def publish_pool_state(role: str, scheduler) -> None:
-    """KV slots and request rows of a scheduler, so tests and operators can see leaks from outside."""
-    alloc, tree, rows = scheduler.token_to_kv_pool_allocator, scheduler.tree_cache, scheduler.req_to_token_pool
+def publish_pool_state(role: str, counts: dict[str, int]) -> None:
+    """KV slots and request rows of a scheduler (`transfer.pool_state.pool_counts`), so tests and
+    operators can see leaks from outside."""
     g = _gauge("kv_pool_tokens", "KV pool slots by state", ("role", "state"))
-    g.labels(role, "available").set(alloc.available_size())
-    g.labels(role, "evictable").set(tree.evictable_size())
-    g.labels(role, "protected").set(tree.protected_size())
-    g.labels(role, "total").set(scheduler.max_total_num_tokens)
+    for state in ("available", "evictable", "protected", "total"):
+        g.labels(role, state).set(counts[f"kv_{state}"])
     r = _gauge("req_rows", "Request rows (req_to_token) by state", ("role", "state"))
-    r.labels(role, "free").set(rows.available_size())
-    r.labels(role, "total").set(pool_state.rows_total(rows))
+    r.labels(role, "free").set(counts["req_rows_free"])
+    r.labels(role, "total").set(counts["req_rows_total"])
 
 
 def record_handoff_mode(role: str, mode: str, reason: str, n: int = 1) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 
 from sglang_pdd import metrics
 from sglang_pdd.decode.request_errors import end_queued
+from sglang_pdd.transfer import pool_state
 
 logger = logging.getLogger(__name__)
 
@@ -99,5 +100,5 @@ class DecodeRole:
 
     def _publish(self, now: float) -> None:
         self._published_at = now
-        metrics.publish_pool_state(self.role, self.scheduler)
+        metrics.publish_pool_state(self.role, pool_state.pool_counts(self.scheduler))
         self.publish()

@@ -89,13 +89,3 @@ class ParamsVerifier:
 
 def verifier_or_none(secret: bytes | None) -> ParamsVerifier | None:
     return ParamsVerifier(secret) if secret else None
-
-
-def signer_from_env(environ: dict | None = None) -> ParamsSigner | None:
-    """A signer with the shared secret as the servers read it (`PddConfig.optional_secret`:
-    `SGLANG_PDD_SECRET` or the file `SGLANG_PDD_SECRET_FILE` names), None without one; ValueError
-    when both are set or the file cannot be read or is empty."""
-    from sglang_pdd.config import PddConfig
-
-    secret = PddConfig().optional_secret(environ)
-    return ParamsSigner(secret) if secret else None

@@ -30,12 +30,12 @@ from urllib.parse import urlparse
 from aiohttp import web
 
 from sglang_pdd.router.cache.kv_subscriber import KvEventSource
-from sglang_pdd.config import ENV_SECRET, ENV_SECRET_FILE
+from sglang_pdd.config import ENV_SECRET, ENV_SECRET_FILE, PddConfig
 from sglang_pdd.policy.bandwidth import BandwidthEstimator
 from sglang_pdd.policy.peer_choice import POLICIES, ChoiceConfig
 from sglang_pdd.policy.pipeline import PipelinePolicy, PipelinePolicyConfig
 from sglang_pdd.policy.site_links import SiteLinks
-from sglang_pdd.protocol.request_auth import ParamsSigner, signer_from_env
+from sglang_pdd.protocol.request_auth import ParamsSigner
 from sglang_pdd.router.admission import ModelLimits
 from sglang_pdd.router.app import RouterApp
 from sglang_pdd.router.dispatch import PIPELINE_MODES, DispatchConfig, Dispatcher
@@ -183,7 +183,8 @@ def kv_bytes_from_config(model_dir: str) -> int:
 def _signer(has_relays: bool) -> ParamsSigner | None:
     """The signer of P's and MD's PDD parameters, from the secret RLD and MD hold; relays need it."""
     try:
-        signer = signer_from_env()
+        secret = PddConfig().optional_secret()
+        signer = ParamsSigner(secret) if secret else None
     except ValueError as e:
         raise SystemExit(f"sglang-pdd router: error: {e}") from None
     if signer is None and has_relays:

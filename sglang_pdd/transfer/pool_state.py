@@ -21,18 +21,24 @@ def rows_total(rows: Any) -> int:
     return int(rows.size) + int(getattr(rows, "pre_alloc_size", 0) or 0)
 
 
-def prefill_pool_state(scheduler: Any) -> dict:
-    queue = scheduler.disagg_prefill_bootstrap_queue
-    kv_mgr = queue.kv_manager
-    alloc = scheduler.token_to_kv_pool_allocator
-    meta = queue.req_to_metadata_buffer_idx_allocator
+def pool_counts(scheduler: Any) -> dict[str, int]:
+    """A scheduler's KV slots (total, available, evictable, protected) and request rows (free, total)."""
     return {
         "kv_total": int(scheduler.max_total_num_tokens),
-        "kv_available": int(alloc.available_size()),
+        "kv_available": int(scheduler.token_to_kv_pool_allocator.available_size()),
         "kv_evictable": int(scheduler.tree_cache.evictable_size()),
         "kv_protected": int(scheduler.tree_cache.protected_size()),
         "req_rows_free": int(scheduler.req_to_token_pool.available_size()),
         "req_rows_total": rows_total(scheduler.req_to_token_pool),
+    }
+
+
+def prefill_pool_state(scheduler: Any) -> dict:
+    queue = scheduler.disagg_prefill_bootstrap_queue
+    kv_mgr = queue.kv_manager
+    meta = queue.req_to_metadata_buffer_idx_allocator
+    return {
+        **pool_counts(scheduler),
         "metadata_free": int(meta.available_size()),
         "metadata_total": int(meta.size),
         "bootstrap_queue": len(queue.queue),

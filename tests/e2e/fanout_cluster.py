@@ -16,7 +16,7 @@ import pytest
 from sglang_pdd.metrics import parse_exposition
 from sglang_pdd.policy.pipeline import Pipeline
 from sglang_pdd.protocol import room_plan
-from sglang_pdd.protocol.request_auth import signer_from_env
+from sglang_pdd.lab.testing.pdd_client import signer_from_env
 from sglang_pdd.lab.testing import identity
 from sglang_pdd.lab.testing.client import generate, greedy_body
 from sglang_pdd.lab.testing.launch_args import ServerConfig

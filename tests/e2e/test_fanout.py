@@ -27,7 +27,7 @@ import time
 import pytest
 
 from sglang_pdd.protocol.request import RequestParams
-from sglang_pdd.protocol.request_auth import signer_from_env
+from sglang_pdd.lab.testing.pdd_client import signer_from_env
 from sglang_pdd.lab.testing.client import generate, greedy_body
 from sglang_pdd.lab.testing.context_model import prompt_positions_read
 from sglang_pdd.lab.testing.servers import http_json

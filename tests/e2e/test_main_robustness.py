@@ -10,7 +10,7 @@ import time
 import pytest
 
 from sglang_pdd.protocol.request import RequestParams, with_params
-from sglang_pdd.protocol.request_auth import signer_from_env
+from sglang_pdd.lab.testing.pdd_client import signer_from_env
 from sglang_pdd.lab.testing.client import greedy_body, greedy_ids, pd_generate
 from sglang_pdd.lab.testing.servers import http_json
 

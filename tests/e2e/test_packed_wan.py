@@ -167,7 +167,7 @@ def test_main_aborted_mid_transfer_quarantines_its_region(packed, reference_serv
 
     from sglang_pdd.policy.pipeline import Pipeline
     from sglang_pdd.protocol import room_plan
-    from sglang_pdd.protocol.request_auth import signer_from_env
+    from sglang_pdd.lab.testing.pdd_client import signer_from_env
     from sglang_pdd.lab.testing.client import generate
     from sglang_pdd.lab.testing.servers import http_json
 

@@ -197,7 +197,7 @@ def test_main_fails_cleanly_when_the_relay_cannot_hand_over(pdd, reference_serve
     import random
 
     from sglang_pdd.protocol.request import RequestParams
-    from sglang_pdd.protocol.request_auth import signer_from_env
+    from sglang_pdd.lab.testing.pdd_client import signer_from_env
 
     room = random.getrandbits(63)
     address = "tcp://127.0.0.1:1" if relay == "unreachable" else pdd.roles.token_channel

@@ -10,6 +10,7 @@ import pytest
 
 from sglang_pdd.decode import extension as decode_extension
 from sglang_pdd import metrics
+from sglang_pdd.transfer import pool_state
 from sglang_pdd.config import ENV_CONFIG
 from sglang_pdd.decode.extension import DecodeExtension
 from sglang_pdd.decode.role import DecodeRole
@@ -49,7 +50,8 @@ class Role(DecodeRole):
 
 @pytest.fixture
 def scheduler(monkeypatch):
-    monkeypatch.setattr(metrics, "publish_pool_state", lambda role, s: None)
+    monkeypatch.setattr(metrics, "publish_pool_state", lambda role, counts: None)
+    monkeypatch.setattr(pool_state, "pool_counts", lambda scheduler: {})
     s = SimpleNamespace(dp_attn_adapter=SimpleNamespace(maybe_prepare_mlp_sync_batch=lambda b: b))
     s._pdd_runtime = Role(s)
     return s

@@ -4,6 +4,7 @@ from types import SimpleNamespace
 
 from sglang_pdd.decode import role as decode_role
 from sglang_pdd import metrics
+from sglang_pdd.transfer import pool_state
 from sglang_pdd.decode.role import DecodeRole
 from sglang_pdd.hooks import decode as decode_hooks
 
@@ -24,7 +25,8 @@ class Role(DecodeRole):
 
 def setup(monkeypatch):
     published = []
-    monkeypatch.setattr(metrics, "publish_pool_state", lambda role, s: published.append(role))
+    monkeypatch.setattr(metrics, "publish_pool_state", lambda role, counts: published.append(role))
+    monkeypatch.setattr(pool_state, "pool_counts", lambda scheduler: {})
     scheduler = SimpleNamespace()
     scheduler._pdd_runtime = rt = Role(scheduler)
     return scheduler, rt, published

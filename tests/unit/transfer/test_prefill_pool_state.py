@@ -1,6 +1,6 @@
 """What the prefill reports as still held, and the idle check the e2e leak tests rely on."""
 
-from sglang_pdd.transfer.pool_state import idle_problems
+from sglang_pdd.transfer.pool_state import idle_problems, pool_counts
 
 
 def test_idle_check_names_what_a_prefill_still_holds():
@@ -43,9 +43,9 @@ def test_the_rows_gauge_reads_free_equal_to_total_on_an_idle_decode_server():
     scheduler = SimpleNamespace(token_to_kv_pool_allocator=SimpleNamespace(available_size=lambda: 100),
                                 tree_cache=tree, max_total_num_tokens=100,
                                 req_to_token_pool=_Rows(8, 24, pre_alloc_size=16))
-    metrics.publish_pool_state("unit-idle", scheduler)
+    metrics.publish_pool_state("unit-idle", pool_counts(scheduler))
     value = lambda state: REGISTRY.get_sample_value("sglang_pdd_req_rows", {"role": "unit-idle", "state": state})  # noqa: E731
     assert value("free") == value("total") == 24
     scheduler.req_to_token_pool = _Rows(8, 23, pre_alloc_size=16)  # one row taken: the leak checks see it
-    metrics.publish_pool_state("unit-idle", scheduler)
+    metrics.publish_pool_state("unit-idle", pool_counts(scheduler))
     assert value("free") == 23 != value("total")
