@@ -1,4 +1,4 @@
-"""One-shot vs catch-up handoff, chosen from load (PDD.md §3).
+"""One-shot vs catch-up handoff, chosen from load (docs/handoff.md).
 
 * One-shot: RLD hands all its eager tokens to MD at once and is freed immediately; MD runs one
   larger EXTEND step (a hiccup for MD's running batch).

@@ -1,10 +1,10 @@
-"""Pipeline choice per request (PDD.md §4, issue 6 item 4).
+"""Pipeline choice per request (docs/design.md, issue 6 item 4).
 
 Only two pipelines exist: P->MD (the missed KV crosses the WAN fast enough) and P->RLD->MD
 (RLD hides a long WAN transfer by decoding the first tokens next to P, then hands over to MD).
 P->RLD alone is never chosen, except for *odd traffic*: a short output (< threshold tokens)
 whose WAN transfer would outlast its whole decode on RLD; RLD finishes it and the WAN transfer
-is cancelled. `allow_relay_only` exists only to reproduce the oscillation of PDD.md §4.
+is cancelled. `allow_relay_only` exists only to reproduce the relay-only oscillation (docs/sim.md, Oscillation).
 
 WAN time is predicted as missed bytes / estimated bandwidth + RTT, where missed bytes are the
 prompt tokens beyond MD's radix-cache hit times the KV bytes per token.
@@ -69,9 +69,9 @@ class PipelinePolicyConfig:
     wan_budget_s: float = 1.0  # P->MD when the predicted WAN time is at most this
     route_by: RouteBy = RouteBy.BANDWIDTH
     hit_threshold: float = 0.95  # for RouteBy.HIT_THRESHOLD
-    odd_output_threshold: int = 500  # PDD.md §4: output < 500 tokens may be odd traffic
+    odd_output_threshold: int = 500  # docs/design.md: output < 500 tokens may be odd traffic
     rld_tpot_s: float = 0.05  # expected RLD time per output token, to test "decode < WAN"
-    allow_relay_only: bool = False  # reproduce PDD.md §4's oscillation: low hit -> P->RLD
+    allow_relay_only: bool = False  # reproduce the relay-only oscillation (docs/sim.md): low hit -> P->RLD
     relay_only_below_hit: float = 0.9
     relay_only_max_rld_usage: float = math.inf  # an overload guard: relay-only stops above this
 

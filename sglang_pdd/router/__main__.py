@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--rld-tpot-ms", type=float, default=50.0,
                     help="expected RLD time per output token (odd traffic: decode on RLD vs the WAN)")
     ap.add_argument("--allow-relay-only", action="store_true",
-                    help="experiment only (PDD.md §4): let requests whose MD hit is below "
+                    help="experiment only (docs/sim.md, Oscillation): let requests whose MD hit is below "
                          "--relay-only-below-hit finish on RLD alone; MD's cache then falls behind")
     ap.add_argument("--relay-only-below-hit", type=float, default=0.9)
     ap.add_argument("--bandwidth-poll-s", type=float, default=2.0,

@@ -175,7 +175,7 @@ class PddOdd(Pdd):
 class PddRelayOnly(Pdd):
     name = "pdd-relay-only"
     sim_name = "pdd-relay-only"
-    description = "PDD.md §4's excluded policy: requests with MD hit < 0.9 finish on RLD alone (P->RLD)"
+    description = "the excluded relay-only policy (docs/sim.md, Oscillation): requests with MD hit < 0.9 finish on RLD alone (P->RLD)"
     router_extra = ("--allow-relay-only", "--relay-only-below-hit", "0.9")
 
 

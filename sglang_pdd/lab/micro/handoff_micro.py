@@ -1,4 +1,4 @@
-"""Handoff microbenchmark (PDD.md §3): hand k eager tokens from RLD (cluster A) to MD (cluster B) over
+"""Handoff microbenchmark (docs/handoff.md): hand k eager tokens from RLD (cluster A) to MD (cluster B) over
 the emulated WAN, as token IDs plus a local recompute, or as their KV.
 
     python -m sglang_pdd.lab.micro.handoff_micro [--tokens 100 --rounds 30 --warmup 3 --delay-ms 20
@@ -54,7 +54,7 @@ logger = logging.getLogger(__name__)
 
 REFERENCE_PATH = "kv_packed"  # the fastest KV path: ratios are against it
 SCENARIOS = ("plain", "bulk")
-# PDD.md §3, 100 tokens: KV over the WAN vs token IDs + recompute (ms; bytes).
+# docs/handoff.md, 100 tokens: KV over the WAN vs token IDs + recompute (ms; bytes).
 PAPER = {
     "kv": {"payload_kb": 4649, "mean_ms": 185.0, "max_ms": 512.6, "memcpy_ms": 24.5},
     "ids": {"payload_kb": 1.5, "mean_ms": 305.0, "max_ms": 321.4, "std_ms": 4.8},
@@ -308,7 +308,7 @@ def _header(report: dict[str, Any]) -> list[str]:
 
 def _paper_line() -> str:
     kv, ids = PAPER["kv"], PAPER["ids"]
-    return (f"paper (PDD.md §3, 100 tokens, real model): KV {kv['payload_kb']} KB, mean {kv['mean_ms']} ms, "
+    return (f"paper (docs/handoff.md, 100 tokens, real model): KV {kv['payload_kb']} KB, mean {kv['mean_ms']} ms, "
             f"max {kv['max_ms']} ms, + {kv['memcpy_ms']} ms memcpy; token IDs {ids['payload_kb']} KB, "
             f"mean {ids['mean_ms']} ms, max {ids['max_ms']} ms, std {ids['std_ms']} ms; "
             f"IDs / KV: mean {ids['mean_ms'] / kv['mean_ms']:.3g}, max {ids['max_ms'] / kv['max_ms']:.3g}")

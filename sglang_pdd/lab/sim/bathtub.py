@@ -1,4 +1,4 @@
-"""The bathtub: benefit-cost ratio against the mean prefix-hit rate (PDD.md §4).
+"""The bathtub: benefit-cost ratio against the mean prefix-hit rate (docs/sim.md).
 
 For each hit rate h (requests of 64K tokens, hits uniform in h +- 0.2 %) the capacity of every
 pool is measured at saturation with the simulator's own components:
@@ -34,7 +34,7 @@ class Pricing:
     """Per-token list prices in one unit (only ratios matter): output 4x input, cached 0.2x."""
 
     input: float = 1.0
-    cached_fraction: float = 0.2  # PDD.md §4: cached input billed at 10-25 %
+    cached_fraction: float = 0.2  # docs/sim.md: cached input billed at 10-25 %
     output: float = 4.0
 
 

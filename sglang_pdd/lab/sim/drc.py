@@ -5,7 +5,7 @@ is modelled as one cached token sequence per session (the last one MD finished f
 LRU eviction of whole sessions when the token capacity is exceeded. The hit of a new prompt is
 its exact common prefix with the cached sequence (segments compare exactly, see
 `sglang_pdd.lab.workload.request.common_prefix_len`). A turn that never reaches MD (P->RLD alone)
-leaves MD's copy stale: that is how the oscillation of PDD.md §4 arises.
+leaves MD's copy stale: that is how the relay-only oscillation arises (docs/sim.md, Oscillation).
 """
 
 from __future__ import annotations

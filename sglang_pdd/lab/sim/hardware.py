@@ -3,7 +3,7 @@ interconnect bandwidth) plus a price, and instances built from them.
 
 The presets are assumptions, not vendor data: chip A is compute-strong (good at prefill), chip
 B has ~1.6x the memory bandwidth and 1.33x the memory but less compute, and costs 25 % more
-(PDD.md §5: "B priced 20-30 % above A").
+(the paper prices B 20-30 % above A; docs/sim.md, "Paper-scenario hardware").
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ def _weight_bytes_read(m: ModelSpec, tokens: int) -> float:
     return (dense + m.expert_params * touched) * m.weight_bytes_per_param
 
 
-# A ~230B-total / 22B-active MoE with a 50 KB/token KV (PDD.md §1 "take 50 KB"), fp8 weights.
+# A ~230B-total / 22B-active MoE with a 50 KB/token KV (docs/sim.md, "Paper-scenario hardware"), fp8 weights.
 PAPER_MOE = ModelSpec("paper-moe", layers=60, hidden=6144, heads=64, head_dim=128,
                       kv_bytes_per_token=50_000, total_params=230e9, active_params=22e9,
                       weight_bytes_per_param=1.0, experts=128, top_k=8, expert_params=215e9)

@@ -1,4 +1,4 @@
-"""Why P->RLD alone is excluded (PDD.md §4): a time series of the relay-only failure.
+"""Why P->RLD alone is excluded (docs/sim.md): a time series of the relay-only failure.
 
 If low-hit requests finish on RLD, MD never sees those turns, so MD's radix cache for their
 sessions falls behind P's; the next turns look low-hit to MD too and go to RLD again (a

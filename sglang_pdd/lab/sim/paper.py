@@ -1,4 +1,4 @@
-"""The paper's setting (PDD.md §5) and the table of baseline vs PDD.
+"""The paper's setting (docs/sim.md §3) and the table of baseline vs PDD.
 
 Setting: ~64K total length, ~90 % mean prefix hit (skewed histogram), ~1K output; chip A for P
 and RLD, chip B (25 % pricier, more memory bandwidth) for MD; the baseline is 88 x A in one
@@ -42,7 +42,7 @@ class PaperSetting:
     pdd_rld_chips: int = 8  # one RLD instance of A
     pdd_md_instances: int = 4  # x 8 B
     goodput_iters: int = 3
-    tight_wan_gbps: float = 25.0  # section D: a congested line, the regime of PDD.md §2's tails
+    tight_wan_gbps: float = 25.0  # section D: a congested line, the regime of the published tails
     tight_load: float = 16.0
 
 

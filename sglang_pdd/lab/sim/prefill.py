@@ -3,7 +3,7 @@
 Each step takes up to `chunk_size` new tokens from the head of the queue. A request whose
 remaining tokens exceed the budget fills it (one full chunk). A request that fits in one chunk
 shares the step with the next ones. The last, partial chunk of a multi-chunk request (its
-*tail chunk*) runs alone unless `tail_chunk_batching` is on: this is the effect PDD.md §4 traces
+*tail chunk*) runs alone unless `tail_chunk_batching` is on: this is the effect docs/sim.md traces
 the bathtub's sudden drops to (small steps cannot amortise weight reads and step overhead).
 
 KV memory: a request holds its whole prompt's KV from its first chunk until the cluster releases

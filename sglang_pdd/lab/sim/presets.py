@@ -13,7 +13,7 @@ from sglang_pdd.lab.sim.systems import PoolSpec, SystemSpec, make_system
 from sglang_pdd.lab.sim.wan import WanSpec
 
 # A few-layer random-weight Llama as the CPU testbed builds it: KV sized so a few-thousand-token
-# prompt is MBs (DESIGN.md §4). Numbers are placeholders until calibrated against the testbed.
+# prompt is MBs (docs/design.md). Numbers are placeholders until calibrated against the testbed.
 TINY_MODEL = ModelSpec("tiny-llama", layers=4, hidden=256, heads=8, head_dim=32,
                        kv_bytes_per_token=2 * 4 * 8 * 32 * 4, total_params=20e6,
                        active_params=20e6, weight_bytes_per_param=4.0)

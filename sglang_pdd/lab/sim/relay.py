@@ -57,7 +57,7 @@ class RelayFlow:
     def _cancel_md(self, st: RequestState) -> None:
         """RLD finished the request. Odd traffic (P->RLD routes never start MD) aside, a relayed
         request keeps its WAN transfer when `align_md_cache` is on, so MD's radix cache stays
-        aligned with P's (PDD.md §4); otherwise the transfer is cancelled."""
+        aligned with P's (docs/sim.md); otherwise the transfer is cancelled."""
         rid = st.w.request_id
         if self.spec.align_md_cache and st.md in ("waiting", "reserved"):
             self._tails[rid] = st

@@ -39,7 +39,7 @@ def paper_report(res: dict) -> str:
     s, rows = res["setting"], res["rows"]
     base: PaperRow = rows[0]
     by = {r.spec.name: r for r in rows}
-    out = [f"PDD paper scenario (PDD.md §5) — simulated, {res['runtime_s']:.1f} s wall", "",
+    out = [f"PDD paper scenario (docs/sim.md §3) — simulated, {res['runtime_s']:.1f} s wall", "",
            "Assumptions:"]
     out += [f"  - {a}" for a in assumptions(s)]
     out += ["", f"A. Goodput and cost (goodput search per system; BCR = goodput / cost per hour)"]

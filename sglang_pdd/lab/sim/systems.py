@@ -138,12 +138,12 @@ SYSTEM_NAMES = ("same-dc-pd", "xdc-pd-naive", "xdc-pd-drc", "pdd-one-shot", "pdd
 
 
 def paper_baseline(p_instances: int = 5, d_instances: int = 6) -> SystemSpec:
-    """PDD.md §5 baseline: 88 x A in one site (8-chip instances)."""
+    """The paper scenario's baseline (docs/sim.md §3): 88 x A in one site (8-chip instances)."""
     return make_system("same-dc-pd", PoolSpec(CHIP_A, p_instances), PoolSpec(CHIP_A, d_instances))
 
 
 def paper_pdd(name: str = "pdd-bw", p_instances: int = 5, rld_chips: int = 4,
               md_instances: int = 4, wan: Optional[WanSpec] = None) -> SystemSpec:
-    """PDD.md §5 shape: A for P and RLD, B for MD (paper: 43 x A + 32 x B)."""
+    """The paper scenario's shape (docs/sim.md §3): A for P and RLD, B for MD (paper: 43 x A + 32 x B)."""
     return make_system(name, PoolSpec(CHIP_A, p_instances), PoolSpec(CHIP_B, md_instances),
                        rld=PoolSpec(CHIP_A, 1, chips_per_instance=rld_chips), wan=wan)

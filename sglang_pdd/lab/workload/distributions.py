@@ -1,7 +1,7 @@
 """The two distributions an agentic workload is configured with: prefix-hit rate and length.
 
 `HitHistogram` is a piecewise-uniform distribution over per-request prefix-hit rates
-(hit = reused prefix tokens / input tokens). Its default mirrors PDD.md §2: hit rates are
+(hit = reused prefix tokens / input tokens). Its default mirrors docs/sim.md, "Workload": hit rates are
 skewed, not steady at 90 %: about 70-80 % of requests hit above 95 %, the mean is about 90 %,
 and a thin tail of low-hit requests carries most of the missed KV.
 """
@@ -78,7 +78,7 @@ class HitHistogram:
     # ----- constructors -----
     @classmethod
     def default(cls) -> "HitHistogram":
-        """PDD.md §2: ~71 % of requests above 95 % hit, mean ~0.907, a thin low-hit tail."""
+        """docs/sim.md, "Workload": ~71 % of requests above 95 % hit, mean ~0.907, a thin low-hit tail."""
         return cls((
             HitBucket(0.00, 0.50, 0.06),
             HitBucket(0.50, 0.90, 0.08),

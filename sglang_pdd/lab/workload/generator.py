@@ -13,7 +13,7 @@ Model of a session (one agent run):
   to it: input L = ceil(H / h), reused prefix p = H ("the session grows"). If that would pass
   `max_input_len`, the agent compacts its context: L is drawn from `input_len`, the first
   p = round(h * L) tokens of the history are kept and the rest is rewritten.
-* A fraction `odd_fraction` of turns are long-input / short-output ("odd traffic", PDD.md §4):
+* A fraction `odd_fraction` of turns are long-input / short-output ("odd traffic", docs/sim.md):
   their output length comes from `odd_output_len`.
 * Sessions start as a Poisson process. A turn follows the previous one's completion after an
   exponential think time (tool execution, user): `think_s` records it for closed-loop replay
@@ -73,7 +73,7 @@ class WorkloadConfig:
 
     @classmethod
     def paper(cls, **kw) -> "WorkloadConfig":
-        """PDD.md §5 scale: ~64K total length, ~1K output, mean hit ~90 %."""
+        """docs/sim.md §3 scale: ~64K total length, ~1K output, mean hit ~90 %."""
         base = dict(input_len=LengthRange(52_000, 70_000), max_input_len=70_000,
                     output_len=LengthRange(768, 1280), odd_output_len=LengthRange(32, 400),
                     system_prompt_len=4096, vocab_size=152_000, mean_turns=12.0,
