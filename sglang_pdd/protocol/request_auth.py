@@ -64,7 +64,8 @@ class ParamsVerifier:
         if params.sig is None or params.exp is None:
             raise RequestParamsError(f"custom_params.{KEY}: not signed by the router (this server takes PDD "
                                      "parameters only from a router holding SGLANG_PDD_SECRET)")
-        if not hmac.compare_digest(params.sig, _mac(self._key, params, room)):
+        # compare_digest raises TypeError on a str that is not ASCII: such a sig is only a mismatch
+        if not (params.sig.isascii() and hmac.compare_digest(params.sig, _mac(self._key, params, room))):
             raise RequestParamsError(f"custom_params.{KEY}: signature does not match (wrong secret, "
                                      "altered parameters or another request's bootstrap room)")
         now = int(self._clock())

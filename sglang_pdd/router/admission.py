@@ -44,6 +44,21 @@ _RANGES = {
     "repetition_penalty": (0.0, 2.0, False, True),
 }
 _BOOLS = ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim")
+_GRAMMARS = ("json_schema", "regex", "ebnf", "structural_tag")
+# Bounds on what a client may ask of a role's scheduler thread (each value is checked there at every
+# decode step, or sized into a batch tensor): sglang checks none of these, and some kill a scheduler.
+MAX_TOP_K = 2**31 - 1  # top_k goes into an int32 tensor of P's batch: 2**31 overflowed and killed P
+MAX_STREAM_INTERVAL = 64  # tokens per streamed chunk: a huge one looks like an idle peer to the router
+MAX_STOPS = 16  # stop strings per request (OpenAI allows 4)
+MAX_STOP_CHARS = 256  # characters per stop string (checked against the output's tail at every step)
+MAX_STOP_TOKEN_IDS = 1024
+MAX_LOGIT_BIAS = 100.0  # |bias| at most this (OpenAI's range); finite only
+MAX_GRAMMAR_CHARS = 1 << 18  # a json_schema / regex / ebnf / structural_tag string
+UNSUPPORTED = {
+    "stop_regex": "stop_regex is not supported: sglang matches it against the whole output at every decode "
+                  "step in the scheduler thread, where one backtracking pattern freezes the server; use stop",
+    "watermark": "watermark is not supported through the PDD router",
+}
 
 
 @dataclass(frozen=True)
@@ -85,6 +100,14 @@ def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _has_surrogate(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def check_sampling(sp, limits: ModelLimits, name: str = "sampling_params") -> dict:
     """`sp` checked (types and ranges); raises BadRequest. Returns it unchanged."""
     if not isinstance(sp, dict):
@@ -107,11 +130,27 @@ def check_sampling(sp, limits: ModelLimits, name: str = "sampling_params") -> di
             raise BadRequest(f"{key} must be a number in {'[' if lo_ok else '('}{lo:g}, {hi:g}"
                              f"{']' if hi_ok else ')'}, got {v!r}")
     k = sp.get("top_k")
-    if k is not None and (not _is_int(k) or (k < 1 and k != -1)):
-        raise BadRequest(f"top_k must be -1 (all) or a positive integer, got {k!r}")
+    top = min(limits.vocab_size or MAX_TOP_K, MAX_TOP_K)
+    if k is not None and (not _is_int(k) or (k < 1 and k != -1) or k > top):
+        raise BadRequest(f"top_k must be -1 (all) or an integer in [1, {top}], got {k!r}")
     n = sp.get("n")
     if n is not None and n != 1:
         raise BadRequest("n > 1 is not supported")
+    beam = sp.get("beam_width")
+    if beam is not None and beam != 1:
+        raise BadRequest("beam_width > 1 (beam search) is not supported")
+    for key, why in UNSUPPORTED.items():
+        if sp.get(key) is not None:
+            raise BadRequest(why)
+    interval = sp.get("stream_interval")
+    if interval is not None and (not _is_int(interval) or not 1 <= interval <= MAX_STREAM_INTERVAL):
+        raise BadRequest(f"stream_interval must be an integer in [1, {MAX_STREAM_INTERVAL}], got {interval!r}")
+    grammars = [g for g in _GRAMMARS if sp.get(g) is not None]
+    for g in grammars:
+        if not isinstance(sp[g], str) or len(sp[g]) > MAX_GRAMMAR_CHARS:
+            raise BadRequest(f"{g} must be a string of at most {MAX_GRAMMAR_CHARS} characters")
+    if len(grammars) > 1:
+        raise BadRequest(f"only one of {', '.join(_GRAMMARS)} can be set, got {', '.join(grammars)}")
     for key in _BOOLS:
         if sp.get(key) is not None and not isinstance(sp[key], bool):
             raise BadRequest(f"{key} must be true or false, got {sp[key]!r}")
@@ -119,18 +158,25 @@ def check_sampling(sp, limits: ModelLimits, name: str = "sampling_params") -> di
     if seed is not None and (not _is_int(seed) or not -(2**63) <= seed < 2**63):
         raise BadRequest(f"sampling_seed must be a 64-bit integer, got {seed!r}")
     stop = sp.get("stop")
-    if stop is not None and not isinstance(stop, str) and not (
-            isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
-        raise BadRequest("stop must be a string or a list of strings")
+    if stop is not None:
+        stops = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+            raise BadRequest("stop must be a string or a list of strings")
+        if len(stops) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise BadRequest(f"stop: at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters each")
+        if any(_has_surrogate(s) for s in stops):
+            raise BadRequest("stop: a string is not valid Unicode (a lone surrogate)")
     stop_ids = sp.get("stop_token_ids")
     if stop_ids is not None:
-        if not isinstance(stop_ids, list):
-            raise BadRequest("stop_token_ids must be a list of token ids")
+        if not isinstance(stop_ids, list) or len(stop_ids) > MAX_STOP_TOKEN_IDS:
+            raise BadRequest(f"stop_token_ids must be a list of at most {MAX_STOP_TOKEN_IDS} token ids")
         check_token_ids(stop_ids, limits, "stop_token_ids")
     bias = sp.get("logit_bias")
     if bias is not None:
-        if not isinstance(bias, dict) or not all(_is_number(v) for v in bias.values()):
-            raise BadRequest("logit_bias must map token ids to numbers")
+        if not isinstance(bias, dict) or not all(
+                _is_number(v) and math.isfinite(v) and abs(v) <= MAX_LOGIT_BIAS for v in bias.values()):
+            raise BadRequest(f"logit_bias must map token ids to finite numbers in [-{MAX_LOGIT_BIAS:g}, "
+                             f"{MAX_LOGIT_BIAS:g}]")
         try:
             check_token_ids([int(t) for t in bias], limits, "logit_bias")
         except ValueError as e:

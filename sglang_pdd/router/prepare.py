@@ -21,6 +21,11 @@ from sglang_pdd.router import openai_api as oa
 from sglang_pdd.router.admission import BadRequest, ModelLimits, check_prompt, check_sampling
 
 
+def _refuse_constant(name: str):
+    """NaN and Infinity are not JSON (Python's parser takes them): a client's NaN must not reach a role."""
+    raise BadRequest(f"the body is not valid JSON: {name} is not a number JSON allows")
+
+
 @dataclass
 class Prepared:
     body: dict  # the client's body as parsed (for the router's own keys: stream, pdd_pipeline, ...)
@@ -64,9 +69,10 @@ class Preparer:
     # -- in the worker thread ----------------------------------------------------------------
     def prepare(self, kind: str, raw: bytes) -> Prepared:
         try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            raise BadRequest("the body is not valid JSON") from None
+            body = json.loads(raw, parse_constant=_refuse_constant)
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:
+            raise BadRequest(str(e) if isinstance(e, BadRequest) else "the body is not valid JSON"
+                             + (" (nested too deeply)" if isinstance(e, RecursionError) else "")) from None
         if not isinstance(body, dict):
             raise BadRequest("the body must be a JSON object")
         if kind == "generate":

@@ -2,6 +2,7 @@
 
 import hashlib
 import hmac
+import json
 
 import msgspec
 import pytest
@@ -87,3 +88,18 @@ def test_a_malformed_signature_is_a_clear_error():
         parse({"pdd": {"v": 1, "main_room": 9, "sig": "ab"}})
     with pytest.raises(RequestParamsError, match="sig"):
         parse({"pdd": {"v": 1, "main_room": 9, "exp": 1, "sig": "x" * 65}})
+
+
+@pytest.mark.parametrize("sig", ["é" * 32, "\ud800" + "a" * 31, "ａ" * 32])
+def test_a_signature_that_is_not_ascii_is_a_mismatch_not_a_crash(sig):
+    """A non-ASCII `sig` from anyone who reaches P directly made compare_digest raise TypeError, which
+    only RequestParamsError handlers around it do not catch (issue 31)."""
+    clock = Clock()
+    signed = ParamsSigner(SECRET, clock=clock).sign(P, 7)
+    forged = msgspec.structs.replace(signed, sig=sig)
+    with pytest.raises(RequestParamsError, match="does not match"):
+        ParamsVerifier(SECRET, clock=clock).check(forged, 7)
+    # through the wire form P parses, too
+    wire = json.loads(json.dumps({"pdd": msgspec.to_builtins(forged)}))  # "\ud800" escapes as sglang reads them
+    with pytest.raises(RequestParamsError):
+        ParamsVerifier(SECRET, clock=clock).check(parse(wire), 7)
