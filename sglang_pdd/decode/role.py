@@ -2,7 +2,7 @@
 
 RelayDecode's `RelayRuntime` and MainDecode's `MainRuntime` implement it. sglang calls it through the
 decode scheduler hooks (`hooks/decode.py`, stock sglang) or through its decode scheduler extension
-(`decode_extension.py`, sglang with patch 0003); either entry calls one method per call site.
+(`extension.py`, sglang with patch 0003); either entry calls one method per call site.
 The lifecycle, per scheduler (attn-TP rank 0):
 
     start                      once, after construction

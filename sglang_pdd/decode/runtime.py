@@ -4,7 +4,7 @@
 server; on its other TP ranks a follower that replays rank 0's decisions, rank_sync.py; None elsewhere) and keeps it on the scheduler. sglang reaches it through one of two entries,
 chosen at load (plugin.CAPABILITIES): on stock sglang the six decode scheduler hooks
 (hooks/decode.py) call it on first use; on sglang with patch 0003 the decode scheduler extension
-(decode_extension.py) is created with it when sglang builds the scheduler.
+(extension.py) is created with it when sglang builds the scheduler.
 """
 
 from __future__ import annotations

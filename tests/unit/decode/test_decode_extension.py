@@ -2,7 +2,7 @@
 and the decode scheduler extension sglang calls with patch 0003 (sglang_pdd.decode.extension).
 
 Runs on stock sglang: DecodeExtension implements sglang's extension contract without its base class;
-tests/unit/plugin/test_patches.py (patched_plugin_check.py) drives it through sglang's own scheduler."""
+tests/unit/plugin/test_patches.py (tests/unit/plugin/patched_plugin_check.py) drives it through sglang's own scheduler."""
 
 from types import SimpleNamespace
 
