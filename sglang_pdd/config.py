@@ -20,6 +20,7 @@ from sglang_pdd.protocol.env_secret import env_or_file
 from sglang_pdd.roles import ROLE_CHOICES, Role
 
 ENV_CONFIG = "SGLANG_PDD_CONFIG"  # JSON of PddConfig, set by the launcher for its children
+MIN_SECRET_BYTES = 16  # a shorter shared secret is refused at start-up, naming the variable
 ENV_SECRET = "SGLANG_PDD_SECRET"  # shared secret of the token channel (never put on a command line)
 ENV_SECRET_FILE = "SGLANG_PDD_SECRET_FILE"  # or: a file holding it (a mounted Kubernetes Secret, a 0600 file)
 # Test only, read by sglang_pdd.test_switches: "1" honours the negative control `drop_eager_kv`, and
@@ -254,6 +255,10 @@ class PddConfig:
         if not data:
             raise PddConfigError(f"{ENV_SECRET} (or {ENV_SECRET_FILE}) is not set: RelayDecode and MainDecode "
                                  "authenticate the token channel with it (the same value on both)")
+        if len(data) < MIN_SECRET_BYTES:
+            raise PddConfigError(f"{source}: the secret is {len(data)} bytes, at least {MIN_SECRET_BYTES} are needed "
+                                 "(it keys the token channel's and the signed parameters' MACs; e.g. "
+                                 "`openssl rand -hex 32`)")
         return data
 
     def optional_secret(self, environ: dict | None = None) -> bytes | None:

@@ -205,7 +205,7 @@ def test_the_example_env_file_names_only_variables_the_scripts_read(tmp_path):
     assert named and named <= read, named - read
     # and the example as shipped drives every script (its secret path swapped for a real file)
     secret = tmp_path / "secret"
-    secret.write_text("x")
+    secret.write_text("a-secret-of-16-bytes-or-more")
     secret.chmod(0o400)
     with open(os.path.join(HERE, "pdd.env.example")) as f:
         text = f.read().replace("PDD_SECRET_FILE=/etc/sglang-pdd/secret", f"PDD_SECRET_FILE={secret}")

@@ -211,11 +211,12 @@ def test_seeded_sampling_is_on_for_roles_and_exported_for_a_plain_server_that_as
 
 def test_secret_comes_from_the_environment_or_a_file(tmp_path):
     f = tmp_path / "secret"
-    f.write_bytes(b"s3cret\n")  # as `echo s3cret > file` writes it: the newline is not part of the key
+    f.write_bytes(b"s3cret-of-16-bytes\n")  # as `echo ... > file` writes it: the newline is not part of the key
     cfg = PddConfig(role=Role.MAIN)
-    assert cfg.secret({config.ENV_SECRET: "s3cret"}) == cfg.secret({config.ENV_SECRET_FILE: str(f)}) == b"s3cret"
-    f.write_bytes(b"s3cret")
-    assert cfg.secret({config.ENV_SECRET_FILE: str(f)}) == b"s3cret"
+    assert cfg.secret({config.ENV_SECRET: "s3cret-of-16-bytes"}) == cfg.secret({config.ENV_SECRET_FILE: str(f)}) \
+        == b"s3cret-of-16-bytes"
+    f.write_bytes(b"s3cret-of-16-bytes")
+    assert cfg.secret({config.ENV_SECRET_FILE: str(f)}) == b"s3cret-of-16-bytes"
 
 
 @pytest.mark.parametrize("content, env, match", [
@@ -223,6 +224,9 @@ def test_secret_comes_from_the_environment_or_a_file(tmp_path):
     (b"\n", {"file": True}, "is empty"),
     (None, {"file": True}, "cannot read"),
     (b"x", {"file": True, config.ENV_SECRET: "x"}, "set one"),
+    (None, {config.ENV_SECRET: "x"}, "SGLANG_PDD_SECRET: the secret is 1 bytes, at least 16"),
+    (None, {config.ENV_SECRET: "fifteen-bytes.."}, "SGLANG_PDD_SECRET: the secret is 15 bytes"),
+    (b"short\n", {"file": True}, "SGLANG_PDD_SECRET_FILE: the secret is 5 bytes, at least 16"),
 ])
 def test_a_missing_empty_or_doubly_given_secret_is_a_clear_error(tmp_path, content, env, match):
     f = tmp_path / "secret"

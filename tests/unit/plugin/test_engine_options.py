@@ -34,13 +34,13 @@ def test_the_plugins_keywords_are_split_from_sglangs():
     (dict(pdd_role="relay", disaggregation_mode="null", pdd_token_port=18500), "--disaggregation-mode decode"),
 ])
 def test_bad_options_are_refused_with_the_command_lines_message(kwargs, words, monkeypatch):
-    monkeypatch.setenv("SGLANG_PDD_SECRET", "s")
+    monkeypatch.setenv("SGLANG_PDD_SECRET", "sixteen-byte-key")
     with pytest.raises(ValueError, match="sglang-pdd: error: .*" + words.replace("-", r"\-")):
         engine.server_args_and_config(**CPU, **kwargs)
 
 
 def test_good_options_give_the_config_the_launcher_would(monkeypatch):
-    monkeypatch.setenv("SGLANG_PDD_SECRET", "s")
+    monkeypatch.setenv("SGLANG_PDD_SECRET", "sixteen-byte-key")
     sa, cfg = engine.server_args_and_config(**CPU, disaggregation_mode="decode", pdd_role="main",
                                             disaggregation_decode_enable_radix_cache=True,
                                             disable_overlap_schedule=True, pdd_relays="tcp://10.0.0.1:18500",

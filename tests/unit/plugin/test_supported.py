@@ -30,7 +30,7 @@ def parser():
 
 @pytest.fixture(autouse=True)
 def secret(monkeypatch):
-    monkeypatch.setenv(config.ENV_SECRET, "s")
+    monkeypatch.setenv(config.ENV_SECRET, "sixteen-byte-key")
     monkeypatch.delenv(config.ENV_CONFIG, raising=False)
 
 

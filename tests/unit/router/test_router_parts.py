@@ -92,7 +92,7 @@ def test_a_router_with_relays_needs_the_secret_to_sign_with(monkeypatch, tmp_pat
         _signer(has_relays=True)
     assert _signer(has_relays=False) is None  # P->MD only: no PDD parameters to sign
     f = tmp_path / "secret"
-    f.write_text("from-a-file\n")
+    f.write_text("from-a-file-of-16-bytes\n")
     monkeypatch.setenv("SGLANG_PDD_SECRET_FILE", str(f))
     assert _signer(has_relays=True) is not None
     monkeypatch.setenv("SGLANG_PDD_SECRET", "both")
