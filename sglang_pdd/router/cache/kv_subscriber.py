@@ -16,6 +16,18 @@ from sglang_pdd.router.cache.prefix_view import PrefixView
 logger = logging.getLogger(__name__)
 
 
+MAX_MESSAGE_BYTES = 64 << 20  # one KV event batch: far above sglang's, and a bound on what a peer can make us hold
+RCVHWM = 1024  # batches queued in the router before ZMQ stops reading (the publisher's side then drops)
+
+
+def _bounds(max_message_bytes: int) -> tuple:
+    """A message over the size cap closes the connection (ZMQ reconnects; the view goes stale and
+    replays), and a slow router queues a bounded number of batches."""
+    import zmq
+
+    return ((zmq.MAXMSGSIZE, max_message_bytes), (zmq.RCVHWM, RCVHWM))
+
+
 def _liveness() -> tuple:
     """ZMQ heartbeats and TCP keepalive on the subscription: an idle flow a middlebox dropped is noticed
     (the connection closes, the view goes stale, ZMQ reconnects) instead of looking connected forever."""
@@ -47,10 +59,11 @@ class KvEventSubscriber:
     """Subscribes to one MD's publisher from the router's event loop and keeps its view current."""
 
     def __init__(self, source: KvEventSource, view: ExactCacheView, *, replay_timeout_s: float = 5.0,
-                 context=None):
+                 context=None, max_message_bytes: int = MAX_MESSAGE_BYTES):
         import zmq.asyncio
 
         self.source, self.view, self.replay_timeout_s = source, view, replay_timeout_s
+        self.max_message_bytes = max_message_bytes
         self.feed = KvEventFeed(view, can_replay=source.replay_endpoint is not None)
         self._ctx = context or zmq.asyncio.Context.instance()
         self._task: asyncio.Task | None = None
@@ -66,10 +79,20 @@ class KvEventSubscriber:
             self._task = None
 
     async def _run(self) -> None:
+        # A new socket after each disconnect: ZMQ reconnects by itself after a reset or a heartbeat
+        # timeout, but not after a protocol error (a message over MAXMSGSIZE), which would leave the
+        # view stale for good.
+        while True:
+            await self._subscribe_once()
+            await asyncio.sleep(0.1)
+
+    async def _subscribe_once(self) -> None:
+        """Read the publisher until its connection drops."""
         import zmq
+        import zmq.asyncio
 
         sub = self._ctx.socket(zmq.SUB)
-        for opt, value in _liveness():
+        for opt, value in _liveness() + _bounds(self.max_message_bytes):
             sub.setsockopt(opt, value)
         sub.setsockopt(zmq.SUBSCRIBE, self.source.topic.encode())
         monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
@@ -87,18 +110,16 @@ class KvEventSubscriber:
                     continue
                 try:
                     ready = dict(await poller.poll())
+                    if sub in ready:
+                        self.feed.on_message(await sub.recv_multipart())
                     if monitor in ready:
                         await monitor.recv_multipart()
                         logger.warning("%s: KV event publisher %s disconnected", self.view.name, self.source.endpoint)
                         self.feed.on_disconnect()
-                    if sub not in ready:
-                        continue
-                    frames = await sub.recv_multipart()
+                        return
                 except zmq.ZMQError as e:
                     logger.warning("%s: KV event socket: %s", self.view.name, e)
                     await asyncio.sleep(1.0)
-                    continue
-                self.feed.on_message(frames)
         finally:
             sub.disable_monitor()
             monitor.close(linger=0)
@@ -110,6 +131,8 @@ class KvEventSubscriber:
 
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        for opt, value in _bounds(self.max_message_bytes):
+            sock.setsockopt(opt, value)
         sock.connect(self.source.replay_endpoint)
         out: list[tuple[int, bytes]] = []
         try:

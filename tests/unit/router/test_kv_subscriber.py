@@ -128,3 +128,51 @@ def test_the_subscriber_marks_its_view_stale_when_the_publisher_goes_away_and_ex
     finally:
         ctx.term()
     assert stats.disconnects >= 1 and stats.gaps == 0
+
+
+
+@pytest.mark.parametrize("cap, dropped", [(64 << 10, True), (None, False)])
+def test_a_message_over_the_size_cap_never_reaches_the_view(cap, dropped):
+    """The KV-events subscriber caps a message's size (issue 31): a batch over the cap is dropped with
+    its connection (ZMQ's MAXMSGSIZE), so the next batch shows a gap; with the default cap (the
+    control) the same batch is applied and no gap shows."""
+    import zmq
+
+    port = free_port()
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.bind(f"tcp://127.0.0.1:{port}")
+    big_tokens = list(range(1, 20_001))  # one stored chain of 20,000 tokens: ~100 KiB, over 64 KiB
+
+    async def until(cond, what, send):
+        for _ in range(500):
+            if cond():
+                return
+            send()
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"subscriber never saw {what}")
+
+    async def scenario():
+        view = ExactCacheView(name="md")
+        kw = {} if cap is None else {"max_message_bytes": cap}
+        sub = KvEventSubscriber(KvEventSource(f"tcp://127.0.0.1:{port}"), view, **kw)
+        sub.start()
+        try:
+            first = msg(0, chain([5, 6, 7], first_hash=900_000))
+            await until(lambda: view.exact and view.match([5, 6, 7]) == 3, "the first batch",
+                        lambda: pub.send_multipart(first))
+            pub.send_multipart(msg(1, chain(big_tokens)))
+            third = msg(2, chain([8, 9], first_hash=800_000))
+            await until(lambda: sub.feed.stats.gaps or view.match([8, 9]) == 2, "the third batch",
+                        lambda: pub.send_multipart(third))
+            return sub.feed.stats.gaps, view.exact and view.match(big_tokens)
+        finally:
+            await sub.close()
+
+    try:
+        gaps, big_matched = asyncio.run(scenario())
+    finally:
+        pub.close(linger=0)
+        ctx.term()
+    assert gaps == (1 if dropped else 0)
+    assert big_matched == (0 if dropped else len(big_tokens)) or (dropped and big_matched is False)
