@@ -10,8 +10,13 @@ belongs to the caller).
 
 Before authentication nothing is trusted: ZMQ drops a connection whose message exceeds `MAX_FRAME`
 (MAXMSGSIZE), queues at most `RCV_HWM` messages per peer, and `poll` reads (and MACs) at most
-`max_frames` frames per call whatever they turn out to be. ZMQ heartbeats and TCP keepalive notice a
-connection a middlebox dropped while idle.
+`max_frames` frames and `max_bytes` bytes per call whatever they turn out to be. ZMQ heartbeats and
+TCP keepalive notice a connection a middlebox dropped while idle.
+
+Restarts and reconnects: MD's DEALER takes its session as its ZMQ routing id and RLD's ROUTER hands a
+reconnecting identity over to the new connection, so RLD's replies reach an MD whose connection came
+back (a reply to a vanished identity would be lost). A restarted RLD replies under a later epoch
+(`protocol.replay`), which MD takes as a new relay process; a restarted MD has a new session.
 """
 
 from __future__ import annotations
@@ -25,17 +30,18 @@ import zmq
 from sglang_pdd.protocol import curve, messages
 from sglang_pdd.protocol.auth import FrameAuth
 from sglang_pdd.protocol.messages import Message, ProtocolError
-from sglang_pdd.protocol.replay import (MAIN_TO_RELAY, RELAY_TO_MAIN, ReplayWindow, SessionGuard, new_session,
-                                        pack_header, unpack_header)
+from sglang_pdd.protocol.replay import (MAIN_TO_RELAY, RELAY_TO_MAIN, EpochWindow, SessionGuard, new_epoch,
+                                        new_session, pack_header, session_id, unpack_header)
 
 logger = logging.getLogger(__name__)
 
 MAX_FRAME = 8 << 20  # bytes: a Tokens message of MAX_TOKENS_PER_MESSAGE ids and logprobs fits
-RCV_HWM = 1024
+RCV_HWM = 64  # messages queued per peer before authentication (each up to MAX_FRAME)
 SND_HWM = 10000
 HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS = 10_000, 30_000
 KEEPALIVE_IDLE_S, KEEPALIVE_INTVL_S, KEEPALIVE_CNT = 60, 10, 6
 MAX_FRAMES_PER_POLL = 1024
+MAX_BYTES_PER_POLL = 32 << 20  # what one poll reads and MACs from the scheduler thread, whatever it is
 MAX_PEERS = 4096  # MD connections a relay keeps reply state for (the least recent are forgotten)
 
 
@@ -58,6 +64,7 @@ class _Endpoint:
         self._auth = FrameAuth(secret)
         self._vocab = vocab_size
         self._ctx = zmq.Context.instance()
+        self.epoch = new_epoch()  # this process's channel: a restarted one has a later epoch
         self.rejected: collections.Counter[str] = collections.Counter()
         self._record = record
 
@@ -70,14 +77,14 @@ class _Endpoint:
         self.rejected[reason] += 1
         self._record(reason)
 
-    def _open(self, frame: bytes) -> tuple[int, int, int, bytes]:
+    def _open(self, frame: bytes) -> tuple[int, int, int, int, bytes]:
         return unpack_header(self._auth.open(frame))
 
     def _decode(self, payload: bytes) -> Message:
         return messages.decode(payload, vocab_size=self._vocab)
 
     def _seal(self, direction: int, session: int, seq: int, msg: Message) -> bytes:
-        return self._auth.seal(pack_header(direction, session, seq) + messages.encode(msg))
+        return self._auth.seal(pack_header(direction, session, seq, self.epoch) + messages.encode(msg))
 
 
 class RelayChannel(_Endpoint):
@@ -92,25 +99,31 @@ class RelayChannel(_Endpoint):
             curve.serve(self.sock, curve_key)
         self.encrypted = curve_key is not None
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting MD keeps its identity (its session)
         self.sock.bind(bind)
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._guard = SessionGuard(MAIN_TO_RELAY)
         self._session_of: collections.OrderedDict[bytes, int] = collections.OrderedDict()  # peer -> session
         self._sent: dict[int, int] = {}  # session -> seq of the last reply
 
-    def poll(self, max_frames: int = MAX_FRAMES_PER_POLL) -> list[tuple[bytes, Message]]:
+    def poll(self, max_frames: int = MAX_FRAMES_PER_POLL, max_bytes: int = MAX_BYTES_PER_POLL
+             ) -> list[tuple[bytes, Message]]:
         out = []
+        nbytes = 0
         for _ in range(max_frames):
+            if nbytes >= max_bytes:
+                break
             try:
                 frames = self.sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break
+            nbytes += sum(len(f) for f in frames)
             if len(frames) != 2:
                 self._count("malformed")
                 continue
             peer, frame = frames
             try:
-                direction, session, seq, payload = self._open(frame)
+                direction, session, _epoch, seq, payload = self._open(frame)
                 msg = self._decode(payload)
                 self._guard.check(direction, session, seq, peer)
             except ProtocolError as e:
@@ -119,15 +132,19 @@ class RelayChannel(_Endpoint):
             self._session_of[peer] = session
             self._session_of.move_to_end(peer)
             while len(self._session_of) > MAX_PEERS:
-                self._sent.pop(self._session_of.popitem(last=False)[1], None)
+                _, gone = self._session_of.popitem(last=False)
+                if gone not in self._session_of.values():  # the session lives on under a newer peer
+                    self._sent.pop(gone, None)
             out.append((peer, msg))
         return out
 
     def send(self, peer: bytes, msg: Message) -> bool:
+        """Send to the connection `peer` came from: its session's latest peer (a reconnection)."""
         session = self._session_of.get(peer)
         if session is None:
             logger.warning("token channel: no connection from peer %s (room %s)", peer.hex(), msg.room)
             return False
+        peer = self._guard.peer_of(session) or peer
         seq = self._sent.get(session, 0) + 1
         try:
             self.sock.send_multipart([peer, self._seal(RELAY_TO_MAIN, session, seq, msg)], zmq.NOBLOCK)
@@ -148,7 +165,7 @@ class _Connection:
         self.sock = sock
         self.session = new_session()
         self.sent = 0
-        self.window = ReplayWindow()
+        self.replies = EpochWindow()  # the relay's epoch and the window of its replies in it
 
 
 class MainChannel(_Endpoint):
@@ -167,6 +184,8 @@ class MainChannel(_Endpoint):
         if c is None:
             s = self._ctx.socket(zmq.DEALER)
             configure(s)
+            c = _Connection(s)
+            s.setsockopt(zmq.ROUTING_ID, session_id(c.session))  # kept across reconnects (ROUTER_HANDOVER)
             if self._curve_key is not None:
                 curve.connect_to(s, self._curve_key)
             try:
@@ -174,7 +193,7 @@ class MainChannel(_Endpoint):
             except zmq.ZMQError:
                 s.close(0)
                 raise
-            c = self._conns[addr] = _Connection(s)
+            self._conns[addr] = c
             self._poller.register(s, zmq.POLLIN)
         return c
 
@@ -210,9 +229,9 @@ class MainChannel(_Endpoint):
                     break
                 budget -= 1
                 try:
-                    direction, session, seq, payload = self._open(frame)
+                    direction, session, epoch, seq, payload = self._open(frame)
                     msg = self._decode(payload)
-                    self._check(c, direction, session, seq)
+                    self._check(c, direction, session, epoch, seq)
                 except ProtocolError as e:
                     self._reject(e, addr)
                     continue
@@ -220,13 +239,15 @@ class MainChannel(_Endpoint):
         return out
 
     @staticmethod
-    def _check(c: _Connection, direction: int, session: int, seq: int) -> None:
+    def _check(c: _Connection, direction: int, session: int, epoch: int, seq: int) -> None:
         if direction != RELAY_TO_MAIN:
             raise ProtocolError("reflected", f"a frame of direction {direction} arrived on the main side")
         if session != c.session:
             raise ProtocolError("peer", f"a reply for session {session:#x}, this connection is {c.session:#x}")
-        if not c.window.accept(seq):
-            raise ProtocolError("replay", f"reply {seq} seen already or too old")
+        restarts = c.replies.restarts
+        c.replies.accept(epoch, seq)
+        if c.replies.restarts != restarts:
+            logger.info("token channel: the relay restarted (a later epoch); its replies start a new window")
 
     def close(self) -> None:
         for c in self._conns.values():

@@ -12,7 +12,8 @@ from sglang_pdd.protocol import channel as channel_mod
 from sglang_pdd.protocol.auth import FrameAuth
 from sglang_pdd.protocol.channel import MAX_FRAME, MainChannel, RelayChannel
 from sglang_pdd.protocol.messages import MAX_TOKENS_PER_MESSAGE, Ready, Tokens, Watch, encode
-from sglang_pdd.protocol.replay import RELAY_TO_MAIN, ReplayWindow, SessionGuard, pack_header, unpack_header
+from sglang_pdd.protocol.replay import (RELAY_TO_MAIN, EpochWindow, ReplayWindow, SessionGuard, pack_header,
+                                        session_id, unpack_header)
 from sglang_pdd.protocol.messages import ProtocolError
 
 SECRET = b"k"
@@ -114,14 +115,20 @@ def test_a_reply_replayed_or_meant_for_another_connection_is_rejected_by_main():
         peer, _ = router.recv_multipart()
         session = main._conns[addr].session
 
-        def reply(session, seq, direction=RELAY_TO_MAIN, room=5):
-            return auth.seal(pack_header(direction, session, seq) + encode(Tokens(room=room, ids=[1])))
+        def reply(session, seq, direction=RELAY_TO_MAIN, room=5, epoch=100):
+            return auth.seal(pack_header(direction, session, seq, epoch) + encode(Tokens(room=room, ids=[1])))
 
-        for frame in (reply(session, 1), reply(session, 1), reply(session ^ 1, 2), reply(session, 2, direction=1)):
+        for frame in (reply(session, 1), reply(session, 1), reply(session ^ 1, 2), reply(session, 2, direction=1),
+                      reply(session, 2, epoch=99)):  # an earlier relay process's reply: replayed
             router.send_multipart([peer, frame])
         got = settle(main.poll)
         assert got == [(addr, Tokens(room=5, ids=[1]))]
-        assert (main.rejected["replay"], main.rejected["peer"], main.rejected["reflected"]) == (1, 1, 1)
+        assert (main.rejected["replay"], main.rejected["peer"], main.rejected["reflected"]) == (2, 1, 1)
+        # a restarted relay (a later epoch) starts its replies at 1 again: taken, and the old epoch is closed
+        for frame in (reply(session, 1, room=6, epoch=200), reply(session, 3, room=7, epoch=100)):
+            router.send_multipart([peer, frame])
+        assert settle(main.poll) == [(addr, Tokens(room=6, ids=[1]))]
+        assert main.rejected["replay"] == 3 and main._conns[addr].replies.restarts == 1
     finally:
         main.close(), router.close(0)
 
@@ -150,9 +157,9 @@ def test_a_flood_of_bad_frames_costs_one_poll_at_most_its_frame_budget(pair):
     for _ in range(300):
         attacker.send(b"x" * 64)
     wait_for(lambda: relay.sock.poll(0))
-    time.sleep(0.2)  # all 300 queued at the relay
-    assert relay.poll(max_frames=100) == []
-    assert relay.rejected["bad_mac"] == 100
+    time.sleep(0.2)  # RCV_HWM (64) queued at the relay, the rest at the sender
+    assert relay.poll(max_frames=50) == []
+    assert relay.rejected["bad_mac"] == 50
     settle(relay.poll)
     assert relay.rejected["bad_mac"] == 300
 
@@ -194,7 +201,7 @@ def test_a_main_that_reconnects_keeps_its_session_and_gets_its_replies(pair):
     assert wait_for(main.poll) == [(relay.address, Tokens(room=1, ids=[1]))]
     conn = main._conns[relay.address]
     # the same session over a new connection (a new ZMQ peer), as after a reconnect
-    fresh = FrameAuth(SECRET).seal(pack_header(1, conn.session, conn.sent + 1) + encode(Watch(room=2)))
+    fresh = FrameAuth(SECRET).seal(pack_header(1, conn.session, conn.sent + 1, main.epoch) + encode(Watch(room=2)))
     moved = dealer()
     moved.send(fresh)
     ((new_peer, msg),) = wait_for(relay.poll)
@@ -202,5 +209,121 @@ def test_a_main_that_reconnects_keeps_its_session_and_gets_its_replies(pair):
     assert relay.send(new_peer, Tokens(room=2, ids=[2]))
     assert moved.poll(5000)
     frame = moved.recv()
-    _, session, seq, _ = unpack_header(FrameAuth(SECRET).open(frame))
+    _, session, _, seq, _ = unpack_header(FrameAuth(SECRET).open(frame))
     assert (session, seq) == (conn.session, 2)  # the session's reply sequence goes on
+
+
+def test_epoch_window_takes_a_later_relay_process_and_refuses_an_earlier_one():
+    w = EpochWindow()
+    w.accept(10, 1), w.accept(10, 2)
+    with pytest.raises(ProtocolError, match="seen already"):
+        w.accept(10, 2)
+    w.accept(11, 1)  # restarted: its sequence starts again
+    assert w.restarts == 1
+    for epoch, seq in ((10, 3), (11, 1)):
+        with pytest.raises(ProtocolError) as e:
+            w.accept(epoch, seq)
+        assert e.value.reason == "replay"
+
+
+@pytest.mark.parametrize("epochs", ["per process", "one for all (control)"])
+def test_a_restarted_relay_is_served_by_the_same_main_and_its_predecessors_frames_stay_refused(epochs, monkeypatch):
+    """RLD restarts on the same address with the same secret (issue 31): MD's DEALER reconnects, MD's
+    next Watch reaches the new process and its reply (sequence 1 again, a later epoch) is taken; a reply
+    of the old process replayed afterwards is refused. The control gives the new process the old one's
+    epoch (as before epochs existed): MD drops its reply as a replay ("reply 1 seen already")."""
+    relay = RelayChannel("tcp://127.0.0.1:*", SECRET, vocab_size=100)
+    address = relay.address
+    main = MainChannel(SECRET, vocab_size=100)
+    try:
+        main.send(address, Watch(room=1))
+        ((peer, _),) = wait_for(relay.poll)
+        assert relay.send(peer, Tokens(room=1, ids=[1]))
+        assert wait_for(main.poll) == [(address, Tokens(room=1, ids=[1]))]
+        old = relay._seal(RELAY_TO_MAIN, main._conns[address].session, 1, Tokens(room=1, ids=[1]))  # as sniffed
+        if epochs != "per process":
+            monkeypatch.setattr(channel_mod, "new_epoch", lambda e=relay.epoch: e)
+        relay.close()
+        relay = None
+        for _ in range(200):  # ZMQ releases the port from its I/O thread
+            try:
+                relay = RelayChannel(address, SECRET, vocab_size=100)  # restarted: same command line
+                break
+            except zmq.ZMQError:
+                time.sleep(0.02)
+        assert relay is not None
+        got = []
+
+        def watch_and_poll():
+            main.send(address, Watch(room=2))
+            time.sleep(0.05)
+            got.extend(relay.poll())
+            return got
+
+        assert wait_for(watch_and_poll)
+        peer2 = got[0][0]
+        assert relay.send(peer2, Tokens(room=2, ids=[2]))
+        if epochs != "per process":
+            assert settle(main.poll) == [] and main.rejected["replay"] == 1
+            return
+        assert wait_for(main.poll) == [(address, Tokens(room=2, ids=[2]))]
+        assert main._conns[address].replies.restarts == 1
+        relay.sock.send_multipart([peer2, old])  # the old process's frame, replayed to MD now
+        assert settle(main.poll) == [] and main.rejected["replay"] == 1
+    finally:
+        main.close()
+        if relay is not None:
+            relay.close()
+
+
+def test_replies_follow_a_main_whose_connection_came_back_without_it_sending(pair):
+    """MD's DEALER reconnects (a new TCP connection, the same routing id): RLD's ROUTER hands the identity
+    over, so a reply RLD sends before MD says anything reaches the new connection (issue 31: the final
+    Tokens frame was lost on the old identity)."""
+    relay, main, _ = pair
+    main.send(relay.address, Watch(room=1))
+    ((peer, _),) = wait_for(relay.poll)
+    conn = main._conns[relay.address]
+    assert peer == session_id(conn.session)
+    back = zmq.Context.instance().socket(zmq.DEALER)
+    back.setsockopt(zmq.LINGER, 0)
+    back.setsockopt(zmq.ROUTING_ID, session_id(conn.session))
+    back.connect(relay.address)
+    try:
+        time.sleep(0.3)  # the handshake: the ROUTER hands the identity to the new connection
+        assert relay.send(peer, Tokens(room=1, ids=[3]))
+        assert back.poll(5000)
+        _, session, epoch, seq, _ = unpack_header(FrameAuth(SECRET).open(back.recv()))
+        assert (session, epoch, seq) == (conn.session, relay.epoch, 1)
+    finally:
+        back.close(0)
+
+
+def test_forgetting_an_old_peer_keeps_a_live_sessions_reply_sequence(pair, monkeypatch):
+    relay, main, dealer = pair
+    monkeypatch.setattr(channel_mod, "MAX_PEERS", 1)
+    main.send(relay.address, Watch(room=1))
+    ((peer, _),) = wait_for(relay.poll)
+    assert relay.send(peer, Tokens(room=1, ids=[1]))
+    assert wait_for(main.poll)
+    conn = main._conns[relay.address]
+    moved = dealer()  # the same session from another peer: the old peer is forgotten (MAX_PEERS 1)
+    moved.send(FrameAuth(SECRET).seal(pack_header(1, conn.session, conn.sent + 1, main.epoch) + encode(Watch(room=2))))
+    ((new_peer, _),) = wait_for(relay.poll)
+    assert relay.send(new_peer, Tokens(room=2, ids=[2]))
+    assert moved.poll(5000)
+    _, _, _, seq, _ = unpack_header(FrameAuth(SECRET).open(moved.recv()))
+    assert seq == 2  # not 1 again: MD would drop it as a replay
+
+
+def test_one_poll_reads_at_most_its_byte_budget(pair):
+    relay, _, dealer = pair
+    attacker = dealer()
+    for _ in range(20):
+        attacker.send(b"x" * (1 << 20))
+    wait_for(lambda: relay.sock.poll(0))
+    time.sleep(0.3)
+    assert relay.poll(max_bytes=4 << 20) == []
+    assert relay.rejected["bad_mac"] <= 5
+    settle(relay.poll)
+    assert relay.rejected["bad_mac"] == 20
