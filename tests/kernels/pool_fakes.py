@@ -1,4 +1,6 @@
-"""Stand-ins for sglang's token pool in kernel tests: a paged slot allocation and a req_to_token table.
+"""Kernel-test scaffolding over sglang's token pool: a paged slot allocation, a req_to_token table, a ragged
+batch, and the EXTEND attention of sglang's torch_native backend. The pool, layer and forward batch
+stand-ins themselves are tests.fakes' (kv_pool, attention).
 
 Pages are handed out in random order (a fragmented pool), each page's slots consecutive, as sglang's
 paged allocator does; position p of a request lives in slot page(p // page_size) * page_size + p % page_size.
@@ -74,37 +76,7 @@ def make_paged_batch(
     )
 
 
-# -- Stand-ins for the attention hook's GPU check where sglang is not installed (a bare GPU box) ----------
-
-class MHATokenToKVPool:
-    """sglang's plain MHA token pool, reduced to what the hook and the backend use (same name: the hook
-    checks the class by name). Slots [size + page_size, heads, dim] per layer; slot 0 is the padding slot."""
-
-    def __init__(self, size: int, page_size: int, dtype: torch.dtype, head_num: int, head_dim: int,
-                 layer_num: int, device, **_):
-        self.size, self.page_size, self.dtype, self.store_dtype = size, page_size, dtype, dtype
-        self.head_num, self.head_dim, self.v_head_dim, self.use_hnd = head_num, head_dim, head_dim, False
-        self.k_buffer = [torch.zeros((size + page_size, head_num, head_dim), dtype=dtype, device=device)
-                         for _ in range(layer_num)]
-        self.v_buffer = [torch.zeros((size + page_size, head_num, head_dim), dtype=dtype, device=device)
-                         for _ in range(layer_num)]
-
-    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
-        return self.k_buffer[layer_id]
-
-    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
-        return self.v_buffer[layer_id]
-
-    def set_kv_buffer(self, layer, loc, k, v, *a, **kw) -> None:
-        loc = getattr(loc, "loc", loc).long()
-        self.k_buffer[layer.layer_id][loc] = k.view(-1, self.head_num, self.head_dim).to(self.dtype)
-        self.v_buffer[layer.layer_id][loc] = v.view(-1, self.head_num, self.v_head_dim).to(self.dtype)
-
-
-class ReqToTokenPool:
-    def __init__(self, size: int, max_context_len: int, device, **_):
-        self.req_to_token = torch.zeros((size + 1, max_context_len), dtype=torch.int32, device=device)
-
+# -- sglang's torch_native backend, for the hook's check where sglang is not installed (a bare GPU box) ---
 
 class SdpaExtendBackend:
     """What sglang's torch_native backend computes for an EXTEND: store the new K/V, then per request SDPA
@@ -132,16 +104,3 @@ class SdpaExtendBackend:
             out.append(o.movedim(0, 1)[p:])
             start += e
         return torch.cat(out).reshape(-1, hq * layer.v_head_dim)
-
-
-class RadixAttention(torch.nn.Module):
-    """sglang's RadixAttention attributes (the layer the backends and the hook read)."""
-
-    def __init__(self, num_heads: int, head_dim: int, scaling: float, num_kv_heads: int, layer_id: int):
-        super().__init__()
-        self.tp_q_head_num, self.tp_k_head_num, self.tp_v_head_num = num_heads, num_kv_heads, num_kv_heads
-        self.head_dim = self.qk_head_dim = self.v_head_dim = head_dim
-        self.scaling, self.layer_id, self.logit_cap, self.sliding_window_size = scaling, layer_id, 0.0, -1
-        self.is_cross_attention, self.use_irope, self.xai_temperature_len = False, False, -1
-        self.k_scale = self.v_scale = None
-        self.attn_type = type("AttentionType", (), {"value": "decoder"})()

@@ -3,8 +3,9 @@ sglang's own EXTEND attention, layer by layer, and greedy tokens of a small mode
 
 "Original" is sglang's `AttentionBackend.forward` over its torch_native backend, a real `MHATokenToKVPool`
 and `RadixAttention` layers, when sglang imports; on a GPU box without sglang (the device machine) the
-stand-ins of pool_fakes.py, which compute what torch_native computes. On CPU the kernel runs in Triton's
-interpreter (fp32, small tiles); with CUDA it runs compiled in fp16 and bf16 under the production policy.
+stand-ins of tests.fakes and pool_fakes.py, which compute what torch_native computes. On CPU the kernel runs
+in Triton's interpreter (fp32, small tiles); with CUDA it runs compiled in fp16 and bf16 under the production
+policy.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any, Callable
 import pytest
 import torch
 from pool_fakes import paged_slots
+
+from tests.fakes.attention import FakeForwardBatch
 
 from sglang_pdd import kernels
 from sglang_pdd.kernels import HandoffAttentionConfig
@@ -51,10 +54,13 @@ def parts() -> Parts:
         from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
     except Exception:  # no sglang here: the stand-ins
-        import pool_fakes as f
+        from pool_fakes import SdpaExtendBackend
 
-        return Parts(False, f.MHATokenToKVPool, f.ReqToTokenPool, f.RadixAttention, f.SdpaExtendBackend,
-                     f.SdpaExtendBackend.forward, SimpleNamespace(name="EXTEND"))
+        from tests.fakes.attention import FakeMode, RadixAttention
+        from tests.fakes.kv_pool import MHATokenToKVPool, ReqToTokenPool
+
+        return Parts(False, MHATokenToKVPool, ReqToTokenPool, RadixAttention, SdpaExtendBackend,
+                     SdpaExtendBackend.forward, FakeMode("EXTEND"))
     return Parts(True, MHATokenToKVPool, ReqToTokenPool, RadixAttention, TorchNativeAttnBackend,
                  AttentionBackend.forward, ForwardMode.EXTEND)
 
@@ -83,16 +89,12 @@ class Server:
                 token_to_kv_pool=self.pool, page_size=page, device=str(device))
         self.layers = [parts.Layer(hq, d, 1.0 / math.sqrt(d), hkv, layer_id=i) for i in range(layers)]
 
-    def batch(self, prefix: list[int], extend: list[int]) -> SimpleNamespace:
-        dev = self.device
-        rows = torch.arange(1, len(prefix) + 1, device=dev)
+    def batch(self, prefix: list[int], extend: list[int]) -> FakeForwardBatch:
+        rows = torch.arange(1, len(prefix) + 1, device=self.device)
         loc = torch.cat([self.rows.req_to_token[r, p : p + e] for r, p, e in zip(rows.tolist(), prefix, extend)])
-        return SimpleNamespace(
-            forward_mode=self.parts.extend, batch_size=len(prefix), req_pool_indices=rows,
-            seq_lens=torch.tensor([p + e for p, e in zip(prefix, extend)], device=dev), out_cache_loc=loc,
-            out_cache_loc_is_physical=False, extend_prefix_lens=torch.tensor(prefix, dtype=torch.int32, device=dev),
-            extend_seq_lens=torch.tensor(extend, dtype=torch.int32, device=dev), extend_prefix_lens_cpu=prefix,
-            extend_seq_lens_cpu=extend, encoder_lens=None, spec_info=None, _attn_output=None, mha_return_lse=False)
+        return FakeForwardBatch(batch_size=len(prefix), extend_prefix_lens_cpu=prefix, extend_seq_lens_cpu=extend,
+                                req_pool_indices=rows, out_cache_loc=loc, forward_mode=self.parts.extend,
+                                device=self.device)
 
     def attend(self, attn: HandoffAttention | None, q, k, v, layer, fb):
         if attn is not None and attn.armed_for is not None:  # what hooks/attention.py does

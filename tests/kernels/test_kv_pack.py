@@ -9,6 +9,8 @@ import torch
 from sglang_pdd.kernels import KernelArgumentError, PackLayout, pack_kv, pack_kv_ref, unpack_kv
 from sglang_pdd.kernels.kv_pack_layout import FP8_MAX
 
+from tests.fakes.kv_pool import MHATokenToKVPool
+
 pytest.importorskip("triton")
 HAS_CUDA = torch.cuda.is_available()
 
@@ -17,10 +19,9 @@ DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if HAS_CUDA else [])
 
 def _pool(layers: int, slots: int, heads: int, dim: int, dtype: torch.dtype, device: torch.device,
           seed: int, v_dim: int | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    gen = torch.Generator().manual_seed(seed)
-    k = [torch.randn((slots, heads, dim), generator=gen).to(dtype).to(device) for _ in range(layers)]
-    v = [torch.randn((slots, heads, v_dim or dim), generator=gen).to(dtype).to(device) for _ in range(layers)]
-    return k, v
+    pool = MHATokenToKVPool(slots=slots, head_num=heads, head_dim=dim, v_head_dim=v_dim, layer_num=layers,
+                            dtype=dtype, device=device, seed=seed)
+    return pool.k_buffer, pool.v_buffer
 
 
 def _canary_pool(layers: int, slots: int, heads: int, dim: int, dtype: torch.dtype, device: torch.device,

@@ -9,52 +9,22 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_pdd.decode import extension as decode_extension
-from sglang_pdd import metrics
-from sglang_pdd.transfer import pool_state
 from sglang_pdd.config import ENV_CONFIG
-from sglang_pdd.decode.extension import DecodeExtension
-from sglang_pdd.decode.role import DecodeRole
 from sglang_pdd.hooks import decode as decode_hooks
+
+from tests.fakes.decode_role import RecordingRole, decode_scheduler
 
 pytest.importorskip("sglang")
 
 
-class Role(DecodeRole):
-    role = "main"
-
-    def __init__(self, scheduler):
-        super().__init__(scheduler)
-        self.calls, self.held = [], False
-        self.batch = SimpleNamespace(name="extend")
-
-    def admit(self, req):
-        self.calls.append(("admit", req.rid))
-
-    def poll(self):
-        self.calls.append(("poll",))
-
-    def next_batch(self, running_batch):
-        self.calls.append(("next_batch", running_batch))
-        return self.batch, "merged"
-
-    def on_batch_result(self, batch, result):
-        self.calls.append(("result", batch.name, result))
-        return batch is self.batch
-
-    def busy(self):
-        return self.held
-
-    def on_abort_request(self, rid, message, abort_all=False):
-        self.calls.append(("abort", rid, message, abort_all))
-
-
 @pytest.fixture
 def scheduler(monkeypatch):
-    monkeypatch.setattr(metrics, "publish_pool_state", lambda role, counts: None)
-    monkeypatch.setattr(pool_state, "pool_counts", lambda scheduler: {})
-    s = SimpleNamespace(dp_attn_adapter=SimpleNamespace(maybe_prepare_mlp_sync_batch=lambda b: b))
-    s._pdd_runtime = Role(s)
-    return s
+    return decode_scheduler(monkeypatch, main_role)
+
+
+def main_role(scheduler) -> RecordingRole:
+    """MD's runtime with a batch of its own (`extend`) that answers `merged` for the running batch."""
+    return RecordingRole(scheduler, "main", batch=SimpleNamespace(name="extend"), running="merged")
 
 
 def drive_hooks(s) -> list:
@@ -98,7 +68,7 @@ def test_the_extension_makes_the_calls_the_hooks_make(scheduler):
     hooks_out = drive_hooks(scheduler)
     hooks_calls = scheduler._pdd_runtime.calls
     other = SimpleNamespace(dp_attn_adapter=scheduler.dp_attn_adapter)
-    other._pdd_runtime = Role(other)
+    other._pdd_runtime = main_role(other)
     assert drive_extension(other) == hooks_out == [("extend", "merged"), None, "sglang's", False, True]
     assert other._pdd_runtime.calls == hooks_calls == [
         ("admit", "a"), ("poll",), ("next_batch", "running"), ("result", "extend", 1), ("result", "decode", 2),

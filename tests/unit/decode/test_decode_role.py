@@ -3,13 +3,15 @@
 from types import SimpleNamespace
 
 from sglang_pdd.decode import role as decode_role
-from sglang_pdd import metrics
-from sglang_pdd.transfer import pool_state
 from sglang_pdd.decode.role import DecodeRole
 from sglang_pdd.hooks import decode as decode_hooks
 
+from tests.fakes.decode_role import decode_scheduler
+
 
 class Role(DecodeRole):
+    """RLD's runtime on DecodeRole's defaults (not tests.fakes' RecordingRole): only poll and busy its own."""
+
     role = "relay"
 
     def __init__(self, scheduler):
@@ -24,12 +26,8 @@ class Role(DecodeRole):
 
 
 def setup(monkeypatch):
-    published = []
-    monkeypatch.setattr(metrics, "publish_pool_state", lambda role, counts: published.append(role))
-    monkeypatch.setattr(pool_state, "pool_counts", lambda scheduler: {})
-    scheduler = SimpleNamespace()
-    scheduler._pdd_runtime = rt = Role(scheduler)
-    return scheduler, rt, published
+    scheduler = decode_scheduler(monkeypatch, Role)
+    return scheduler, scheduler._pdd_runtime, scheduler.published
 
 
 def test_the_defaults_leave_sglang_alone(monkeypatch):

@@ -14,8 +14,8 @@ from sglang_pdd.decode.main.handoff_attention import (CPU_TEST_POLICY, CUDA_POLI
                                                batch_refusal, layer_refusal)
 from sglang_pdd.roles import Role
 
-from tests.unit.fakes import (FakeAttnBackend, FakeAttnLayer, FakeForwardBatch, FakeMode, FakeReqToTokenPool,
-                    MHATokenToKVPool)
+from tests.fakes.attention import FakeAttnBackend, FakeForwardBatch, FakeMode, RadixAttention
+from tests.fakes.kv_pool import MHATokenToKVPool, ReqToTokenPool
 
 CPU_POLICY = KernelPolicy(devices=("cpu",), dtypes=(torch.float32,))
 PREFIX, EXTEND = [5, 3], [2, 1]
@@ -26,9 +26,9 @@ class Case:
 
     def __init__(self, layers: int = 2, seed: int = 0):
         gen = torch.Generator().manual_seed(seed)
-        self.layers = [FakeAttnLayer(layer_id=i) for i in range(layers)]
-        self.pool = MHATokenToKVPool(slots=32, heads=2, dim=8, layers=layers)
-        self.rows = FakeReqToTokenPool(rows=4, width=16)
+        self.layers = [RadixAttention(layer_id=i) for i in range(layers)]
+        self.pool = MHATokenToKVPool(slots=32, head_num=2, head_dim=8, layer_num=layers)
+        self.rows = ReqToTokenPool(size=3, max_context_len=16)
         self.backend = FakeAttnBackend(self.pool, self.rows)
         slots = [torch.arange(10, 10 + PREFIX[0] + EXTEND[0]), torch.arange(20, 20 + PREFIX[1] + EXTEND[1])]
         for row, s in zip((1, 2), slots):
@@ -173,14 +173,14 @@ def test_arm_reads_the_flag_and_takes_the_policy_it_is_given():
 def test_main_runtime_arms_with_the_cpu_policy_under_its_test_knob(tmp_path):
     from types import SimpleNamespace
 
-    from sglang_pdd.decode.main.runtime import MainRuntime
+    from sglang_pdd.decode.main.controls import ControlledMainRuntime
     from sglang_pdd.decode.rank_sync import RankSync
     from sglang_pdd.test_switches import TestSwitches
 
     knobs = tmp_path / "knobs.json"
     knobs.write_text(json.dumps({"handoff_kernel_cpu": True}))
     batch = SimpleNamespace(batch_size=lambda: 1)
-    rt = MainRuntime.__new__(MainRuntime)
+    rt = ControlledMainRuntime.__new__(ControlledMainRuntime)
     rt.scheduler = SimpleNamespace(dp_attn_adapter=SimpleNamespace(maybe_prepare_mlp_sync_batch=lambda b: b))
     rt.attention, rt.switches = HandoffAttention(record=lambda *a: None), TestSwitches(knobs_file=str(knobs))
     rt.sync = RankSync(SimpleNamespace(tp_size=1))
@@ -227,8 +227,8 @@ def test_batch_refusals(change, reason):
     (lambda c: setattr(c, "layer", replace(c.layer, is_cross_attention=True)), "not causal"),
     (lambda c: setattr(c.layer.attn_type, "value", "encoder_only"), "not causal"),
     (lambda c: setattr(c, "layer", replace(c.layer, use_irope=True)), "position-dependent attention"),
-    (lambda c: setattr(c, "layer", replace(c.layer, tp_k_head_num=1)), "shape"),
-    (lambda c: setattr(c, "layer", replace(c.layer, tp_q_head_num=3)), "shape"),
+    (lambda c: setattr(c, "layer", replace(c.layer, num_kv_heads=1)), "shape"),
+    (lambda c: setattr(c, "layer", replace(c.layer, num_heads=3)), "shape"),
 ])
 def test_layer_refusals(change, reason):
     c = Case()

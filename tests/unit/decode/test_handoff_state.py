@@ -1,7 +1,5 @@
 """The RLD and MD handoff state machines, driven through a fake channel and a fake clock."""
 
-from dataclasses import dataclass, field
-
 import pytest
 
 from sglang_pdd.decode.main.handoff import ADMITTED, READY, WAITING_TOKENS, MainHandoff
@@ -9,48 +7,11 @@ from sglang_pdd.protocol.messages import Finished, Ready, Reject, Tokens, Watch
 from sglang_pdd.protocol.request import RequestParams
 from sglang_pdd.decode.relay.handoff import RelayHandoff
 
+from tests.fakes.clock import FakeClock
+from tests.fakes.handoff import FakeChannel, FakeReason, FakeReq
+
 RELAY = "tcp://rld:1"
-
-
-class Clock:
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self):
-        return self.t
-
-
-class FakeChannel:
-    def __init__(self):
-        self.inbox: list = []  # (peer, msg) to deliver on the next poll
-        self.sent: list = []
-
-    def poll(self):
-        out, self.inbox = self.inbox, []
-        return out
-
-    def send(self, peer, msg):
-        self.sent.append((peer, msg))
-        return True
-
-
-@dataclass
-class FakeReason:
-    type: str
-
-    def to_json(self):
-        return {"type": self.type}
-
-
-@dataclass
-class FakeReq:
-    rid: str
-    bootstrap_room: int
-    output_ids: list = field(default_factory=list)
-    finished_reason: object = None
-
-    def finished(self):
-        return self.finished_reason is not None
+Clock = FakeClock  # the name test_main_leaks.py imports it by from here, with RELAY and the fakes
 
 
 class FakeOps:
@@ -76,7 +37,7 @@ class FakeOps:
 # -- RelayDecode -----------------------------------------------------------------------------
 
 def relay(timeout=5.0):
-    ch, clock = FakeChannel(), Clock()
+    ch, clock = FakeChannel(), FakeClock()
     return RelayHandoff(ch, timeout_s=timeout, now=clock), ch, clock
 
 
@@ -148,7 +109,7 @@ def test_finished_request_nobody_watches_is_forgotten_after_the_timeout():
 # -- MainDecode ------------------------------------------------------------------------------
 
 def main(timeout=5.0, keep_kv=True, mode="one-shot", chunk=32):
-    ch, clock = FakeChannel(), Clock()
+    ch, clock = FakeChannel(), FakeClock()
     return MainHandoff(ch, timeout_s=timeout, now=clock, keep_kv_when_relay_finishes=keep_kv, mode=mode,
                        chunk=chunk), ch, clock
 
@@ -292,7 +253,7 @@ def test_relay_catch_up_sends_chunks_while_decoding_and_ends_when_the_gap_is_sma
 
 
 def test_relay_catch_up_goes_final_after_max_rounds():
-    ch, clock = FakeChannel(), Clock()
+    ch, clock = FakeChannel(), FakeClock()
     h, ch, req, ops = relay_decoding(list(range(10)), RelayHandoff(ch, timeout_s=5, now=clock, max_rounds=1), ch)
     ch.inbox = [(b"md", ready_at(7, 2))]
     h.poll(ops)

@@ -149,32 +149,8 @@ def check_decode_extension() -> None:
 
     from sglang_pdd.decode import extension as decode_extension
     from sglang_pdd import metrics
-    from sglang_pdd.decode.role import DecodeRole
 
-    class Role(DecodeRole):  # stands for RelayRuntime / MainRuntime: records what sglang asks of it
-        role = "main"
-
-        def __init__(self, scheduler):
-            super().__init__(scheduler)
-            self.calls, self.batch, self.held = [], MagicMock(reqs=[]), False
-
-        def admit(self, req):
-            self.calls.append(("admit", req.rid))
-
-        def poll(self):
-            self.calls.append(("poll",))
-
-        def next_batch(self, running_batch):
-            return self.batch, running_batch
-
-        def on_batch_result(self, batch, result):
-            return batch is self.batch
-
-        def busy(self):
-            return self.held
-
-        def on_abort_request(self, rid, message, abort_all=False):
-            self.calls.append(("abort", rid, message))
+    from tests.fakes.decode_role import RecordingRole
 
     metrics.publish_pool_state = lambda role, scheduler: None
     plugin.use_capabilities()
@@ -185,7 +161,9 @@ def check_decode_extension() -> None:
     s = MagicMock(**decode, waiting_queue=[], chunked_req=None, mm_receiver=None, dllm_config=None,
                   enable_overlap=False, last_batch=None, decode_offload_manager=None, enable_hisparse=False,
                   enable_hierarchical_cache=False, enable_lmcache=False, _engine_paused=False)
-    s._pdd_runtime = role = Role(s)  # MD's runtime (decode_runtime.runtime finds it)
+    chunk = MagicMock(reqs=[])
+    chunk.name = "chunk"
+    s._pdd_runtime = role = RecordingRole(s, batch=chunk)  # MD's runtime (decode_runtime.runtime finds it)
     Scheduler.init_decode_scheduler_extension(s)
     assert isinstance(s.decode_extension, decode_extension.DecodeExtension) and s.decode_extension.role is role
     assert decode_extension.path(s) == "extension"
@@ -211,7 +189,8 @@ def check_decode_extension() -> None:
     assert Scheduler.is_fully_idle(s) is True
     s.collect_inflight_reqs.return_value = []
     Scheduler.abort_request(s, AbortReq(rid="a", abort_message="client left"))
-    assert role.calls == [("admit", "a"), ("queues",), ("poll",), ("abort", "a", "client left")], role.calls
+    assert role.calls == [("admit", "a"), ("queues",), ("poll",), ("next_batch", running),
+                          ("result", "chunk", "result"), ("abort", "a", "client left", False)], role.calls
     print("0003: sglang's decode scheduler calls the decode runtime through the plugin's extension")
 
 

@@ -10,17 +10,11 @@ import pytest
 from sglang_pdd.protocol.request import RequestParams, RequestParamsError, parse
 from sglang_pdd.protocol.request_auth import ParamsSigner, ParamsVerifier
 
+from tests.fakes.clock import FakeClock
+
 SECRET = b"shared"
 P = RequestParams(v=1, main_room=99)
 MD = RequestParams(v=1, relay_room=5, relay="tcp://rld:1", handoff="catch-up", chunk=8)
-
-
-class Clock:
-    def __init__(self, t=1_000_000.0):
-        self.t = t
-
-    def __call__(self):
-        return self.t
 
 
 def test_signed_parameters_verify_once_for_their_room_and_survive_the_wire():
@@ -43,7 +37,7 @@ def test_any_altered_field_breaks_the_signature(field, value):
 
 
 def test_unsigned_wrong_room_wrong_secret_and_expired_are_refused():
-    clock = Clock()
+    clock = FakeClock(1_000_000.0)
     signed = ParamsSigner(SECRET, ttl_s=300, clock=clock).sign(P, 7)
     with pytest.raises(RequestParamsError, match="not signed"):
         ParamsVerifier(SECRET).check(P, 7)
@@ -59,7 +53,7 @@ def test_unsigned_wrong_room_wrong_secret_and_expired_are_refused():
 
 
 def test_a_replay_is_refused_until_its_signature_expires_and_the_memory_is_bounded():
-    clock = Clock()
+    clock = FakeClock(1_000_000.0)
     s, v = ParamsSigner(SECRET, ttl_s=10, clock=clock), ParamsVerifier(SECRET, clock=clock, cap=3)
     first = s.sign(P, 7)
     v.check(first, 7)
@@ -94,7 +88,7 @@ def test_a_malformed_signature_is_a_clear_error():
 def test_a_signature_that_is_not_ascii_is_a_mismatch_not_a_crash(sig):
     """A non-ASCII `sig` from anyone who reaches P directly made compare_digest raise TypeError, which
     only RequestParamsError handlers around it do not catch (issue 31)."""
-    clock = Clock()
+    clock = FakeClock(1_000_000.0)
     signed = ParamsSigner(SECRET, clock=clock).sign(P, 7)
     forged = msgspec.structs.replace(signed, sig=sig)
     with pytest.raises(RequestParamsError, match="does not match"):

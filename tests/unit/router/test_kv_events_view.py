@@ -14,7 +14,7 @@ import pytest
 from sglang_pdd.router.cache.exact_view import ExactCacheView
 from sglang_pdd.router.cache.kv_events import KvEventFeed
 from sglang_pdd.router.cache.prefix_view import PrefixView
-from tests.unit.kv_event_frames import CLEARED, chain, msg, payload, removed, stored
+from tests.fakes.kv_events import CLEARED, chain, msg, payload, removed, stored
 
 
 # -- the view ---------------------------------------------------------------------------------------

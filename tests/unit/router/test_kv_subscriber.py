@@ -12,7 +12,7 @@ from sglang_pdd.router.cache.exact_view import ExactCacheView
 from sglang_pdd.router.cache.kv_subscriber import KvEventSource, KvEventSubscriber, main_views
 from sglang_pdd.router.cache.prefix_view import PrefixView
 from sglang_pdd.lab.testing.servers import free_port
-from tests.unit.kv_event_frames import chain, msg, removed
+from tests.fakes.kv_events import chain, msg, removed
 
 
 def test_the_subscriber_follows_sglangs_zmq_publisher_and_replays_what_it_missed():

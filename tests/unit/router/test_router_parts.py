@@ -1,5 +1,6 @@
 import pytest
 
+from sglang_pdd.lab.testing import fake_upstream as fu
 from sglang_pdd.router import openai_api as oa
 from sglang_pdd.router.__main__ import _peer_args, build_parser
 from sglang_pdd.router.peers import Peer, PeerPool
@@ -18,9 +19,8 @@ def test_bad_sampling_requests_are_rejected(req, match):
         oa.sampling_params(req, 16)
 
 
-class Tok:
-    def encode(self, text, add_special_tokens=False):
-        return [ord(c) for c in text]
+class Tok(fu.CharTokenizer):
+    """The fakes' tokenizer, its chat template between markers 1 and 2."""
 
     def apply_chat_template(self, msgs, add_generation_prompt, tokenize):
         return [1] + [ord(c) for m in msgs for c in m["content"]] + [2]

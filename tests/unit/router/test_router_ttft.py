@@ -5,23 +5,13 @@ import asyncio
 
 from aiohttp.test_utils import TestClient, TestServer
 
+from sglang_pdd.lab.testing import fake_upstream as fu
 from sglang_pdd.metrics import parse_exposition
 from sglang_pdd.router.app import RouterApp
 from sglang_pdd.router.peers import Peer, PeerPool
 from sglang_pdd.router.dispatch import RequestFailed
 from sglang_pdd.policy.pipeline import Pipeline
 from sglang_pdd.router.stitch import Delta
-
-
-class Tok:
-    def encode(self, text, add_special_tokens=False):
-        return [ord(c) for c in text]
-
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(chr(i) for i in ids)
-
-    def apply_chat_template(self, msgs, add_generation_prompt, tokenize):
-        return [ord(c) for m in msgs for c in m["content"]]
 
 
 class FakeDispatcher:
@@ -47,7 +37,7 @@ class FakeDispatcher:
 
 
 async def _exercise() -> str:
-    app = RouterApp(FakeDispatcher(), Tok(), "m")
+    app = RouterApp(FakeDispatcher(), fu.CharTokenizer(), "m")
     async with TestClient(TestServer(app.app)) as client:
         for text, stream in (("d1", False), ("r1", True), ("r2", False), ("o1", False), ("x1", False)):
             r = await client.post("/generate", json={"text": text, "stream": stream})

@@ -1,14 +1,14 @@
-"""Fakes for the packed WAN path tests (no sglang, no Mooncake): the KV pool, a KV manager whose
-`_transfer_data` moves bytes between registered host memory like a transfer engine, and a P -> MD link.
+"""The packed WAN path's P -> MD link, end to end in one process (no sglang, no Mooncake), over the shared
+fakes (tests.fakes): two pools, two KV managers whose `_transfer_data` moves bytes between registered host
+memory like a transfer engine, MD's receiver and P's sender.
 
-The real path runs end to end in one process: MD's `PackedReceiver.offer` reserves a landing region and
-returns the frame, P's `read_offer` attaches it to a TransferInfo, `PackedSender.send` packs and "writes"
-(ctypes.memmove, after checking both ends lie in registered memory), MD's `on_poll` unpacks.
+MD's `PackedReceiver.offer` reserves a landing region and returns the frame, P's `read_offer` attaches it to
+a TransferInfo, `PackedSender.send` packs and "writes" (ctypes.memmove, after checking both ends lie in
+registered memory), MD's `on_poll` unpacks.
 """
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -17,81 +17,20 @@ import torch
 
 from sglang_pdd.kernels.kv_pack_layout import FP8_MAX
 from sglang_pdd.protocol.landing import ENTRY, decode_offer, decode_table
-from sglang_pdd.transfer.kv_pool_view import attach
 from sglang_pdd.transfer.packed_receiver import PackedReceiver
 from sglang_pdd.transfer.packed_sender import METADATA_FRAMES, PackedSender, read_offer
 
+from tests.fakes.kv_manager import FakeKVManager
+from tests.fakes.kv_pool import MHATokenToKVPool
+
 SENTINEL = -7.0
+# The pools of these tests: 2 layers of 16 pages of 4 slots, 2 heads, K head dim 8, V head dim 4, random.
+GEOMETRY = dict(layer_num=2, pages=16, page_size=4, head_num=2, head_dim=8, v_head_dim=4, seed=0)
 
 
-class MHATokenToKVPool:
-    """Stands in for sglang's pool: `KVPoolView.of` accepts a pool by this class name."""
-
-    def __init__(self, layers: int = 2, pages: int = 16, page_size: int = 4, heads: int = 2, dim: int = 8,
-                 v_dim: int = 4, dtype: torch.dtype = torch.float32, seed: int = 0, fill: float | None = None):
-        slots = pages * page_size
-        gen = torch.Generator().manual_seed(seed)
-
-        def buf(d: int) -> torch.Tensor:
-            if fill is not None:
-                return torch.full((slots, heads, d), fill, dtype=dtype)
-            return torch.randn((slots, heads, d), generator=gen).to(dtype)
-
-        self.k_buffer = [buf(dim) for _ in range(layers)]
-        self.v_buffer = [buf(v_dim) for _ in range(layers)]
-        self.dtype = self.store_dtype = dtype
-        self.page_size = page_size
-
-    def slots(self, pages) -> torch.Tensor:
-        p = torch.as_tensor(np.asarray(pages, dtype=np.int64))
-        return (p[:, None] * self.page_size + torch.arange(self.page_size)).reshape(-1)
-
-    def snapshot(self) -> list[torch.Tensor]:
-        return [t.clone() for t in self.k_buffer + self.v_buffer]
-
-    def buffers(self) -> list[torch.Tensor]:
-        return self.k_buffer + self.v_buffer
-
-
-class FakeEngine:
-    def __init__(self):
-        self.regions: dict[int, int] = {}
-        self.calls: list[tuple] = []
-
-    def register(self, ptr: int, nbytes: int) -> None:
-        self.calls.append(("register", ptr, nbytes))
-        self.regions[ptr] = nbytes
-
-    def deregister(self, ptr: int) -> None:
-        self.calls.append(("deregister", ptr))
-        del self.regions[ptr]
-
-    def holds(self, ptr: int, nbytes: int) -> bool:
-        return any(p <= ptr and ptr + nbytes <= p + n for p, n in self.regions.items())
-
-
-class FakeKVManager:
-    def __init__(self, pool: MHATokenToKVPool, attn_tp_size: int = 1, pp_size: int = 1):
-        self.pool = pool
-        self.engine = FakeEngine()
-        self.transfer_infos: dict[int, dict] = {}
-        self.attn_tp_size, self.pp_size = attn_tp_size, pp_size
-        self.kv_args = SimpleNamespace(kv_data_ptrs=[t.data_ptr() for t in pool.buffers()])
-        self.peer: FakeKVManager | None = None
-        self.batches: list[list[tuple[int, int, int]]] = []
-        self.fail_from: int | None = None  # batches from this index on fail (-1)
-        attach(self, pool)
-
-    def _transfer_data(self, session_id: str, blocks: list) -> int:
-        self.batches.append(list(blocks))
-        if self.fail_from is not None and len(self.batches) > self.fail_from:
-            return -1
-        for src, dst, n in blocks:
-            assert self.engine.holds(src, n), "source outside this side's registered memory"
-            assert self.peer is not None and self.peer.engine.holds(dst, n), "destination outside the peer's"
-        for src, dst, n in blocks:
-            ctypes.memmove(dst, src, n)
-        return 0
+def wan_pool(cls=MHATokenToKVPool, **kw) -> MHATokenToKVPool:
+    """A pool of GEOMETRY, `kw` changed."""
+    return cls(**{**GEOMETRY, **kw})
 
 
 @dataclass
@@ -136,10 +75,11 @@ class Link:
 def make_link(mode: str = "plain", page_size: int = 4, staging_bytes: int = PackedSender.DEFAULT_STAGING,
               arena_bytes: int = 1 << 20, dtype: torch.dtype = torch.float32, pool: dict | None = None,
               p_pool: dict | None = None, skip_unpack=lambda: False) -> Link:
-    """`pool`: pool geometry of both sides; `p_pool`: P's only (a mismatch)."""
+    """`pool`: pool geometry of both sides (MHATokenToKVPool's arguments); `p_pool`: P's only (a mismatch).
+    P's pool is random, MD's filled with SENTINEL."""
     geo = dict(page_size=page_size, dtype=dtype, **(pool or {}))
-    p = FakeKVManager(MHATokenToKVPool(seed=1, **{**geo, **(p_pool or {})}))
-    md = FakeKVManager(MHATokenToKVPool(fill=SENTINEL, **geo))
+    p = FakeKVManager(wan_pool(**{**geo, **(p_pool or {}), "seed": 1}))
+    md = FakeKVManager(wan_pool(**geo, fill=SENTINEL))
     p.peer = md
     link = Link(p, md, None, None)  # type: ignore[arg-type]
     link.rx = PackedReceiver(mode, arena_bytes, record=link.rx_events.append, skip_unpack=skip_unpack)

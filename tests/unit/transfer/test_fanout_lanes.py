@@ -164,7 +164,7 @@ def test_closed_main_rooms_and_rejected_rooms_are_refused_boundedly():
 def test_a_main_given_up_and_registering_before_release_is_told_it_failed():
     from sglang_pdd.transfer.mooncake_fanout import MooncakeRooms
 
-    from tests.unit.fakes import FakeKVManager
+    from tests.fakes.kv_manager import FakeKVManager
 
     kv, reg = FakeKVManager(), FanoutRegistry()
     reg.open(R, R2)
@@ -180,7 +180,7 @@ def test_a_main_given_up_and_registering_before_release_is_told_it_failed():
 def test_a_main_that_succeeded_gets_no_extra_message_on_release():
     from sglang_pdd.transfer.mooncake_fanout import MooncakeRooms
 
-    from tests.unit.fakes import FakeKVManager
+    from tests.fakes.kv_manager import FakeKVManager
 
     kv, reg = FakeKVManager(), FanoutRegistry()
     kv.register(R2, "md:1", "10.0.0.9", 5000)
@@ -191,7 +191,7 @@ def test_a_main_that_succeeded_gets_no_extra_message_on_release():
 def test_a_refused_registration_is_told_it_failed_and_forgotten():
     from sglang_pdd.transfer.mooncake_fanout import refuse_room
 
-    from tests.unit.fakes import FakeKVManager
+    from tests.fakes.kv_manager import FakeKVManager
 
     kv = FakeKVManager()
     kv.register(R2, "md:1", "10.0.0.9", 5000, prefix=32)

@@ -1,4 +1,4 @@
-"""FanoutSender contracts, with fake child senders (tests/unit/fakes.py): what reaches the relay and
+"""FanoutSender contracts, with fake child senders (tests/fakes/fanout.py): what reaches the relay and
 the main, when P may release the request's KV, and that the main leg never fails the request."""
 
 import random
@@ -8,7 +8,8 @@ import pytest
 
 from sglang_pdd.transfer.fanout import FanoutContext, FanoutSender, MainState, Poll
 
-from tests.unit.fakes import FakeChildSender, FakeClock, FakeRooms, FakeSlots, FakeTransferError
+from tests.fakes.clock import FakeClock
+from tests.fakes.fanout import FakeChildSender, FakeRooms, FakeSlots, FakeTransferError
 
 R, R2 = 111, 222
 AUX = 3
@@ -16,7 +17,7 @@ AUX = 3
 
 def make(page_size=1, main_prefix=0, relay_prefix=0, timeout=30.0):
     relay, main = FakeChildSender(R, relay_prefix), FakeChildSender(R2, main_prefix)
-    slots, rooms, clock = FakeSlots(), FakeRooms(), FakeClock()
+    slots, rooms, clock = FakeSlots(), FakeRooms(), FakeClock(1000.0)
     ctx = FanoutContext(slots=slots, rooms=rooms, page_size=page_size, main_bootstrap_timeout=timeout, clock=clock)
     return FanoutSender(relay, main, ctx), relay, main, slots, rooms, clock
 
@@ -142,9 +143,9 @@ def test_a_main_that_never_bootstraps_is_given_up_after_the_timeout():
     s.send(pages(0, 4))
     relay.status = Poll.Success
     assert s.poll() == Poll.Transferring
-    clock.now += 4.9
+    clock.t += 4.9
     assert s.poll() == Poll.Transferring
-    clock.now += 0.2
+    clock.t += 0.2
     assert s.poll() == Poll.Success
     assert main.aborted and rooms.failed and rooms.failed[0][0] == R2 and "bootstrap" in rooms.failed[0][1]
     assert main.sent == [] and slots.copies == []

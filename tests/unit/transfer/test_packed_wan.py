@@ -2,8 +2,8 @@
 (`PackedSender`), MD unpacking it on success (`PackedReceiver`), and every case where P goes page by page.
 
 The real pack -> "wire" -> unpack path runs: the fake manager's `_transfer_data` copies the bytes between
-registered host buffers (see packed_wan_fakes). MD's pool starts filled with a sentinel, so rows written
-that should not be show up.
+registered host buffers (see packed_wan_link.py and tests/fakes/kv_manager.py). MD's pool starts filled with
+a sentinel, so rows written that should not be show up.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from sglang_pdd.transfer.kv_pool_view import ATTR, KVPoolView, attach, view_of, 
 from sglang_pdd.transfer.packed_receiver import SUCCESS
 from sglang_pdd.transfer.packed_sender import _CURSOR_ATTR
 
-from tests.unit.packed_wan_fakes import FakeKVManager, MHATokenToKVPool, assert_landed, assert_untouched, make_link
+from tests.fakes.kv_manager import FakeKVManager
+from tests.fakes.kv_pool import MHATokenToKVPool
+from tests.unit.transfer.packed_wan_link import assert_landed, assert_untouched, make_link, wan_pool
 
 DST = [9, 3, 5, 1, 12, 0, 14]  # MD's pages of the room, in token order
 SRC = [2, 7, 4, 11, 0, 15, 6]  # P's pages of the same tokens
@@ -35,7 +37,7 @@ def send(link, chunk: slice, session: str = "s"):
 
 
 def test_pool_view_of_sglangs_pool_and_its_geometry():
-    pool = MHATokenToKVPool(page_size=4)
+    pool = wan_pool(page_size=4)
     manager = FakeKVManager(pool)
     view = view_of(manager)
     assert isinstance(view, KVPoolView) and view == KVPoolView.of(pool, 4, manager)
@@ -44,7 +46,7 @@ def test_pool_view_of_sglangs_pool_and_its_geometry():
     assert view.layout(3, True) == PackLayout(2, 12, 2, 8, 2, 4, torch.float32, True)
     assert view.slots(np.array([3, 1])).tolist() == [12, 13, 14, 15, 4, 5, 6, 7]
     assert KVPoolView.of(pool, 1).slots([5, 2]).tolist() == [5, 2]
-    assert KVPoolView.of(MHATokenToKVPool(dtype=torch.bfloat16), 4).dtype_name == "bfloat16"
+    assert KVPoolView.of(wan_pool(dtype=torch.bfloat16), 4).dtype_name == "bfloat16"
 
 
 class MHATokenToKVPoolFP4(MHATokenToKVPool):
@@ -52,14 +54,14 @@ class MHATokenToKVPoolFP4(MHATokenToKVPool):
 
 
 def _pool(**attrs):
-    pool = MHATokenToKVPool()
+    pool = wan_pool()
     for k, v in attrs.items():
         setattr(pool, k, v)
     return pool
 
 
 @pytest.mark.parametrize("pool, reason", [
-    (MHATokenToKVPoolFP4(), "pool MHATokenToKVPoolFP4"),
+    (wan_pool(MHATokenToKVPoolFP4), "pool MHATokenToKVPoolFP4"),
     (SimpleNamespace(dtype=torch.float16), "pool SimpleNamespace"),
     (_pool(use_hnd=True), "pool layout"),
     (_pool(store_dtype=torch.uint8), "pool layout"),
@@ -80,7 +82,7 @@ def test_pool_view_refuses_pools_it_cannot_pack(pool, reason):
     (dict(kv_args=None), "kv_args differ"),
 ], ids=["attn-tp", "pp", "draft-ptrs", "no-kv-args"])
 def test_pool_view_refuses_managers_it_cannot_serve(change, reason):
-    manager = FakeKVManager(MHATokenToKVPool())
+    manager = FakeKVManager(wan_pool())
     for k, v in change.items():
         setattr(manager, k, v)
     attach(manager, manager.pool)
@@ -88,13 +90,13 @@ def test_pool_view_refuses_managers_it_cannot_serve(change, reason):
 
 
 def test_pool_view_refuses_kv_args_with_extra_buffers():
-    manager = FakeKVManager(MHATokenToKVPool())
+    manager = FakeKVManager(wan_pool())
     manager.kv_args.kv_data_ptrs = manager.kv_args.kv_data_ptrs + [torch.zeros(4).data_ptr()]
     assert KVPoolView.of(manager.pool, 4, manager).startswith("kv_args differ")
 
 
 def test_attach_reads_the_page_size_and_view_of_explains_a_missing_view():
-    pool = MHATokenToKVPool(page_size=1)
+    pool = wan_pool(page_size=1)
     pool.page_size = None  # sglang pools without paging
     manager = FakeKVManager(pool)
     assert view_of(manager).page_size == 1
@@ -178,7 +180,7 @@ def test_a_chunk_larger_than_the_staging_limit_goes_in_several_blocks(mode, page
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_one_page_per_block_still_fits_the_region(page_size):
     """The worst case for the region's slack: every page its own block, each aligned and padded."""
-    link = make_link("fp8", page_size, staging_bytes=1, pool=dict(dim=6, v_dim=3))
+    link = make_link("fp8", page_size, staging_bytes=1, pool=dict(head_dim=6, v_head_dim=3))
     link.open_room(5, DST)
     assert [send(link, c) for c in CHUNKS] == [0, 0, 0]
     assert [(e.pos_page, e.n_pages) for e in link.table(5)] == [(i, 1) for i in range(7)]
@@ -246,7 +248,7 @@ def test_a_dummy_or_offerless_info_next_to_the_room_is_not_ambiguous():
 
 
 def test_geometry_mismatch_goes_page_by_page():
-    link = make_link("plain", p_pool=dict(dim=16))  # P's K head dim 16, MD's 8
+    link = make_link("plain", p_pool=dict(head_dim=16))  # P's K head dim 16, MD's 8
     link.open_room(1, DST)
     assert send(link, CHUNKS[0]) is None
     assert link.tx_events == ["page by page: geometry"] and link.p.batches == []

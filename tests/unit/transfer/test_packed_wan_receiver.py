@@ -11,23 +11,17 @@ from sglang_pdd.protocol.landing import ENTRY, BlockEntry, align_up, decode_offe
 from sglang_pdd.transfer.kv_pool_view import ATTR, view_of
 from sglang_pdd.transfer.packed_receiver import FAILED, SUCCESS, PackedReceiver, region_size
 
-from tests.unit.packed_wan_fakes import FakeKVManager, MHATokenToKVPool, assert_landed, assert_untouched, make_link
+from tests.fakes.clock import FakeClock
+from tests.fakes.kv_manager import FakeKVManager
+from tests.unit.transfer.packed_wan_link import assert_landed, assert_untouched, make_link, wan_pool
 
 DST = [9, 3, 5, 1]
 SRC = [2, 7, 4, 11]
 WAITING, TRANSFERRING = 2, 3  # sglang's KVPoll.WaitingForInput / Transferring
 
 
-class Clock:
-    def __init__(self):
-        self.now = 50.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def clocked(link) -> Clock:
-    clock = Clock()
+def clocked(link) -> FakeClock:
+    clock = FakeClock(50.0)
     link.rx.arena._clock = clock
     return clock
 
@@ -92,7 +86,7 @@ def test_the_landing_buffer_is_made_once_and_registered_once_per_engine():
     link.rx.offer(link.md, 1, np.asarray(DST))
     buf = link.rx.buffer
     link.rx.offer(link.md, 2, np.asarray([0, 2]))
-    other = FakeKVManager(MHATokenToKVPool(fill=0.0))
+    other = FakeKVManager(wan_pool(fill=0.0))
     link.rx.offer(other, 3, np.asarray([4]))
     assert link.rx.buffer is buf and len(link.md.engine.calls) == 1 and len(other.engine.calls) == 1
 
@@ -161,9 +155,9 @@ def test_a_failed_room_quarantines_its_region_for_the_grace_period():
     assert link.rx_events[-1] == "failed" and link.rx.rooms() == 0
     assert link.rx.arena.quarantined() == 1 and link.rx.arena.used() > 0
     assert all(torch.equal(a, b) for a, b in zip(before, link.md.pool.buffers()))  # nothing unpacked
-    clock.now += link.rx.arena.grace_s - 1
+    clock.t += link.rx.arena.grace_s - 1
     assert link.rx.arena.used() > 0
-    clock.now += 1
+    clock.t += 1
     assert link.rx.arena.used() == 0 and link.rx.arena.quarantined() == 0
     assert link.rx.on_poll(link.md, 7, SUCCESS) == (SUCCESS, None)  # region gone: nothing to do
 
@@ -175,7 +169,7 @@ def test_release_quarantines_and_is_idempotent():
     link.rx.release(7)
     assert link.rx_events == ["offered", "released"]
     assert link.rx.arena.quarantined() == 1 and link.rx.rooms() == 0
-    clock.now += link.rx.arena.grace_s
+    clock.t += link.rx.arena.grace_s
     assert link.rx.arena.used() == 0
 
 
@@ -275,7 +269,7 @@ def test_a_write_delayed_past_the_quarantine_is_rejected_by_the_regions_next_own
     link.open_room(7, DST)  # P has room 7's offer; its write is delayed
     off7, _ = link.region(7)
     link.rx.release(7)  # MD gave room 7 up: its region is quarantined...
-    clock.now += link.rx.arena.grace_s + 1  # ...and released; room 8 is offered the same region
+    clock.t += link.rx.arena.grace_s + 1  # ...and released; room 8 is offered the same region
     other = [0, 2, 4, 6]
     link.rx.offer(link.md, 8, np.asarray(other))
     assert link.region(8)[0] == off7

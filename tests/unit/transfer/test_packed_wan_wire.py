@@ -28,6 +28,8 @@ from sglang_pdd.protocol.landing import (
 from sglang_pdd.transfer.landing_arena import LandingArena
 from sglang_pdd.transfer.packed_sender import LANDING_EXTENSION, METADATA_FRAMES, OFFER_ATTR, offer_of, read_offer
 
+from tests.fakes.clock import FakeClock
+
 
 def offer(**kw) -> LandingOffer:
     base = dict(ptr=1 << 20, size=4096, table_entries=4, data_off=128, page_size=4, num_pages=4, layers=2,
@@ -220,14 +222,6 @@ def test_offer_of_ignores_dummy_infos():
 # -- landing arena ------------------------------------------------------------------------------------------
 
 
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_arena_rejects_an_empty_buffer():
     with pytest.raises(ValueError):
         LandingArena(0)
@@ -290,30 +284,30 @@ def test_arena_double_free_raises_and_keeps_its_books(second):
 
 
 def test_arena_quarantine_holds_a_region_for_its_grace():
-    clock = Clock()
+    clock = FakeClock(1000.0)
     a = LandingArena(256, grace_s=5.0, clock=clock)
     off = a.alloc(256)
     a.quarantine(off, 256)
     assert a.quarantined() == 1 and a.used() == 256
     assert a.alloc(64) is None
-    clock.now += 4.9
+    clock.t += 4.9
     assert a.quarantined() == 1 and a.alloc(64) is None
-    clock.now += 0.1
+    clock.t += 0.1
     assert a.alloc(64) == 0  # alloc expires it first
     assert a.quarantined() == 0 and a.used() == 64
 
 
 def test_arena_quarantines_expire_independently():
-    clock = Clock()
+    clock = FakeClock(1000.0)
     a = LandingArena(256, grace_s=10.0, clock=clock)
     first, second = a.alloc(128), a.alloc(128)
     a.quarantine(first, 128)
-    clock.now += 6
+    clock.t += 6
     a.quarantine(second, 128)
     assert a.quarantined() == 2
-    clock.now += 4
+    clock.t += 4
     assert a.quarantined() == 1 and a.used() == 128
-    clock.now += 6
+    clock.t += 6
     assert a.quarantined() == 0 and a.used() == 0 and a._free == [(0, 256)]
 
 
@@ -324,13 +318,13 @@ def test_arena_with_zero_grace_releases_at_the_next_look():
 
 
 def test_arena_expiry_drops_a_double_freed_region_and_releases_the_rest():
-    clock = Clock()
+    clock = FakeClock(1000.0)
     a = LandingArena(64 * 3, grace_s=1.0, clock=clock)
     offs = [a.alloc(64) for _ in range(3)]
     for off in offs:
         a.quarantine(off, 64)
     a.free(offs[1], 64)  # a bug elsewhere: the middle region is freed while quarantined
-    clock.now += 1.0
+    clock.t += 1.0
     assert a.quarantined() == 0  # no exception, and nothing is left for a second release
     assert a._free == [(0, 64 * 3)] and a.used() == 0
     assert a.alloc(64 * 3) == 0

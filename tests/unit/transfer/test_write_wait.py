@@ -3,6 +3,8 @@
 from sglang_pdd.hooks import transfer as transfer_hooks
 from sglang_pdd.transfer import write_wait
 
+from tests.fakes.clock import FakeClock
+
 
 class FakeBinding:
     """transfer_submit_write / transfer_check_status: each slice reports `pending` checks of 0 first."""
@@ -28,21 +30,8 @@ class FakeBinding:
         return self.final
 
 
-class Clock:
-    def __init__(self):
-        self.t = 0.0
-        self.naps = []
-
-    def sleep(self, s):
-        self.naps.append(s)
-        self.t += s
-
-    def __call__(self):
-        return self.t
-
-
 def _write(b, n=3, cap=1e-3, clock=None):
-    clock = clock or Clock()
+    clock = clock or FakeClock()
     ret = write_wait.write(b, "peer:1", [10 * i for i in range(n)], [20 * i for i in range(n)], [4096] * n, cap,
                            sleep=clock.sleep, clock=clock)
     return ret, clock
