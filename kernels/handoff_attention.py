@@ -96,6 +96,63 @@ def _sm_count(device: torch.device) -> int:
     return H200_SM_COUNT
 
 
+@dataclass(frozen=True)
+class Tiling:
+    """What `choose_tiling` picks for a launch: the tiles (which compiled kernel runs) and the grids.
+
+    A `HandoffPlan` is a Tiling plus the tensors; tests enumerate the tilings the launcher can pick.
+    """
+
+    block_m: int
+    block_n: int
+    block_d: int
+    block_dv: int
+    tok_per_tile: int
+    n_qtiles: int
+    n_splits: int
+    split_len: int
+    num_warps: int
+    num_stages: int
+
+    @property
+    def direct(self) -> bool:
+        """One partition: the partial kernel writes the output and no reduction runs."""
+        return self.n_splits == 1
+
+
+def choose_tiling(group: int, hkv: int, d: int, dv: int, prefix_cpu: Sequence[int], extend_cpu: Sequence[int],
+                  sm_count: int, config: HandoffAttentionConfig) -> Tiling:
+    """The launcher's choice of tiles and partitions from the geometry, the lengths and the SM count."""
+    max_ext = max(extend_cpu, default=0)
+    max_kv = max((p + e for p, e in zip(prefix_cpu, extend_cpu)), default=0)
+    block_d, block_dv = max(16, _next_pow2(d)), max(16, _next_pow2(dv))
+
+    block_m = config.block_m or min(64, max(16, _next_pow2(group * max(1, max_ext))))
+    block_m = max(block_m, _next_pow2(group))
+    block_n = config.block_n or (64 if max(block_d, block_dv) <= 128 else 32)
+    for name, v in (("block_m", block_m), ("block_n", block_n)):
+        require(v >= 16 and v & (v - 1) == 0, f"{name} must be a power of two >= 16, got {v}")
+    tok_per_tile = block_m // group
+    n_qtiles = max(1, math.ceil(max_ext / tok_per_tile))
+
+    if config.split_len is not None:
+        split_len = config.split_len
+        require(split_len > 0 and split_len % block_n == 0,
+                f"split_len {split_len} must be a positive multiple of block_n {block_n}")
+    else:
+        base = sum(math.ceil(e / tok_per_tile) for e in extend_cpu) * hkv
+        target = config.target_programs or 4 * sm_count
+        wanted = max(1, math.ceil(target / max(1, base)))
+        cap = max(1, math.ceil(max_kv / config.min_split_len))
+        n_splits = min(wanted, cap)
+        split_len = math.ceil(max(1, max_kv) / n_splits / block_n) * block_n
+    n_splits = max(1, math.ceil(max_kv / split_len))
+    num_warps = config.num_warps or (4 if block_m <= 32 else 8)
+    return Tiling(block_m=block_m, block_n=block_n, block_d=block_d, block_dv=block_dv, tok_per_tile=tok_per_tile,
+                  n_qtiles=n_qtiles, n_splits=n_splits, split_len=split_len, num_warps=num_warps,
+                  num_stages=config.num_stages)
+
+
 def check_handoff_inputs(
     q: torch.Tensor,
     k_buffer: torch.Tensor,
@@ -192,31 +249,11 @@ def plan_handoff_attention(
     group = hq // hkv
     batch = len(extend_cpu)
     max_ext = max(extend_cpu, default=0)
-    max_kv = max((p + e for p, e in zip(prefix_cpu, extend_cpu)), default=0)
-    block_d, block_dv = max(16, _next_pow2(d)), max(16, _next_pow2(dv))
-
-    block_m = config.block_m or min(64, max(16, _next_pow2(group * max(1, max_ext))))
-    block_m = max(block_m, _next_pow2(group))
-    block_n = config.block_n or (64 if max(block_d, block_dv) <= 128 else 32)
-    for name, v in (("block_m", block_m), ("block_n", block_n)):
-        require(v >= 16 and v & (v - 1) == 0, f"{name} must be a power of two >= 16, got {v}")
-    tok_per_tile = block_m // group
-    n_qtiles = max(1, math.ceil(max_ext / tok_per_tile))
-
-    if config.split_len is not None:
-        split_len = config.split_len
-        require(split_len > 0 and split_len % block_n == 0,
-                f"split_len {split_len} must be a positive multiple of block_n {block_n}")
-    else:
-        base = sum(math.ceil(e / tok_per_tile) for e in extend_cpu) * hkv
-        target = config.target_programs or 4 * _sm_count(q.device)
-        wanted = max(1, math.ceil(target / max(1, base)))
-        cap = max(1, math.ceil(max_kv / config.min_split_len))
-        n_splits = min(wanted, cap)
-        split_len = math.ceil(max(1, max_kv) / n_splits / block_n) * block_n
-    n_splits = max(1, math.ceil(max_kv / split_len))
-    direct = n_splits == 1
-    num_warps = config.num_warps or (4 if block_m <= 32 else 8)
+    tiling = choose_tiling(group, hkv, d, dv, prefix_cpu, extend_cpu, _sm_count(q.device), config)
+    block_m, block_n, block_d, block_dv = tiling.block_m, tiling.block_n, tiling.block_d, tiling.block_dv
+    tok_per_tile, n_qtiles, n_splits, split_len = (tiling.tok_per_tile, tiling.n_qtiles, tiling.n_splits,
+                                                   tiling.split_len)
+    direct, num_warps = tiling.direct, tiling.num_warps
 
     qo_indptr = torch.zeros(batch + 1, dtype=torch.int64, device=q.device)
     torch.cumsum(extend_lens.to(torch.int64), 0, out=qo_indptr[1:])

@@ -5,6 +5,10 @@ server; on its other TP ranks a follower that replays rank 0's decisions, rank_s
 chosen at load (plugin.CAPABILITIES): on stock sglang the six decode scheduler hooks
 (hooks/decode.py) call it on first use; on sglang with patch 0003 the decode scheduler extension
 (extension.py) is created with it when sglang builds the scheduler.
+
+The class is chosen once, here: with the process's test switches on (test_switches.for_process), rank 0
+gets the subclass that carries the tests' negative controls and knobs (relay/controls.py,
+main/controls.py); in production the plain class, whose serving path has no test branch.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import logging
 from sglang_pdd.config import PddConfig
 from sglang_pdd.decode.role import DecodeRole
 from sglang_pdd.roles import Role
-from sglang_pdd.test_switches import for_process
+from sglang_pdd.test_switches import TestSwitches, for_process
 
 logger = logging.getLogger(__name__)
 
@@ -31,18 +35,31 @@ def runtime(scheduler) -> DecodeRole | None:
     if cfg.role in (Role.RELAY, Role.MAIN) and attn_tp_rank(scheduler) != 0:
         rt = _follower(scheduler, cfg)
     elif cfg.role in (Role.RELAY, Role.MAIN):
-        secret = cfg.secret()
-        if cfg.role is Role.RELAY:
-            from sglang_pdd.decode.relay.runtime import RelayRuntime
-
-            rt = RelayRuntime(scheduler, cfg, secret, for_process())
-        else:
-            from sglang_pdd.decode.main.runtime import MainRuntime  # torch and the kernels only in a MainDecode process
-
-            rt = MainRuntime(scheduler, cfg, secret, for_process())
+        rt = _leader(scheduler, cfg, for_process())
         rt.start()
     scheduler._pdd_runtime = rt
     return rt
+
+
+def _leader(scheduler, cfg: PddConfig, switches: TestSwitches) -> DecodeRole:
+    """Rank 0's runtime: the plain class, or with any test switch on its subclass with the controls."""
+    secret = cfg.secret()
+    controlled = switches.on or switches.testing
+    if cfg.role is Role.RELAY:
+        if controlled:
+            from sglang_pdd.decode.relay.controls import ControlledRelayRuntime
+
+            return ControlledRelayRuntime(scheduler, cfg, secret, switches)
+        from sglang_pdd.decode.relay.runtime import RelayRuntime
+
+        return RelayRuntime(scheduler, cfg, secret)
+    if controlled:
+        from sglang_pdd.decode.main.controls import ControlledMainRuntime
+
+        return ControlledMainRuntime(scheduler, cfg, secret, switches)
+    from sglang_pdd.decode.main.runtime import MainRuntime  # torch and the kernels only in a MainDecode process
+
+    return MainRuntime(scheduler, cfg, secret)
 
 
 def _follower(scheduler, cfg: PddConfig) -> DecodeRole | None:

@@ -9,6 +9,7 @@ import time
 import msgspec
 from aiohttp import web
 
+from sglang_pdd.protocol.reply import KEY as REPLY_KEY, MainChoiceMeta, ReplyMeta
 from sglang_pdd.router import openai_api as oa
 from sglang_pdd.router.admission import BadRequest, ModelLimits
 from sglang_pdd.router.dispatch import PIPELINE_MODES, Dispatcher, Outcome, RequestFailed
@@ -222,14 +223,15 @@ class RouterApp:
                                   "meta_info": self._meta(outcome, reason, len(ids), len(out_ids))})
 
     def _meta(self, outcome: Outcome, reason, n_prompt: int, n_out: int) -> dict:
+        pdd = ReplyMeta(pipeline=outcome.pipeline.value if outcome.pipeline else None,
+                        handoff_tokens=outcome.handoff_k, handoff_mode=outcome.handoff_mode,
+                        reason=outcome.reason, md_hit=outcome.md_hit, missed_bytes=outcome.missed_bytes,
+                        predicted_wan_s=outcome.predicted_wan_s, rld_in_flight=outcome.rld_in_flight,
+                        md=MainChoiceMeta(**outcome.main_choice.public()) if outcome.main_choice else None,
+                        migrations=len(outcome.migrations), migration_causes=list(outcome.migrations),
+                        migration_pipelines=list(outcome.migration_pipelines))
         meta = {"finish_reason": reason, "prompt_tokens": n_prompt, "completion_tokens": n_out,
-                "pdd": {"pipeline": outcome.pipeline.value if outcome.pipeline else None,
-                        "handoff_tokens": outcome.handoff_k, "handoff_mode": outcome.handoff_mode,
-                        "reason": outcome.reason, "md_hit": outcome.md_hit, "missed_bytes": outcome.missed_bytes,
-                        "predicted_wan_s": outcome.predicted_wan_s, "rld_in_flight": outcome.rld_in_flight,
-                        "md": outcome.main_choice.public() if outcome.main_choice else None,
-                        "migrations": len(outcome.migrations), "migration_causes": list(outcome.migrations),
-                        "migration_pipelines": list(outcome.migration_pipelines)}}
+                REPLY_KEY: pdd.to_builtins()}
         if outcome.output_logprobs is not None:
             meta["output_token_logprobs"] = outcome.output_logprobs
         return meta

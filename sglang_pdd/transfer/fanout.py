@@ -19,8 +19,8 @@ own `decode_prefix_len`, has its own status, and a main abort or death fails onl
 
 The main leg never fails the request. Plain Python (no sglang import): the KV manager and the
 metadata slots come in through the small `RoomTable` and `MetadataSlots` interfaces, so the logic is
-unit-tested with fakes (tests/unit/fakes.py); the sglang adapters are in
-sglang_pdd.transfer.mooncake_rooms.
+unit-tested with fakes (tests/fakes/fanout.py); the sglang adapters are in
+sglang_pdd.transfer.mooncake_fanout.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from sglang_pdd.router.cache.kv_subscriber import KvEventSource, KvEventSubscrib
 from sglang_pdd.router.cache.prefix_view import PrefixView
 from sglang_pdd.lab.testing.client import generate, greedy_body, pd_generate
 from sglang_pdd.lab.testing.launch_args import PddRouterConfig, ServerConfig
+from sglang_pdd.protocol.reply import ReplyMeta
 
 from .cluster import kv_bytes_per_token, kv_bytes_sent
 
@@ -138,8 +139,8 @@ def test_the_router_routes_on_mds_exact_cache(md, server_group, prompts, tiny_mo
     hit = md.wait_hit(d2, above=len(d1))
     time.sleep(1.0)  # the router's subscriber got the same broadcast
     before = kv_bytes_sent(md.prefill.url)
-    meta = generate(router.url, greedy_body(d2, NEW_TOKENS))["meta_info"]["pdd"]
+    meta = ReplyMeta.of(generate(router.url, greedy_body(d2, NEW_TOKENS))["meta_info"])
     moved = kv_bytes_sent(md.prefill.url) - before
-    assert meta["pipeline"] == "P->MD" and meta["md_hit"] == hit
+    assert meta.pipeline == "P->MD" and meta.md_hit == hit
     assert moved == (len(d2) - hit) * kvb
     assert any("exact view of MD's cache" in line for line in router.log_text().splitlines())

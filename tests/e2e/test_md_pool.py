@@ -30,6 +30,7 @@ from sglang_pdd.lab.testing import identity
 from sglang_pdd.lab.testing.client import generate, greedy_body, sse_chunks
 from sglang_pdd.lab.testing.launch_args import PddRouterConfig
 from sglang_pdd.lab.testing.servers import http_json
+from sglang_pdd.protocol.reply import ReplyMeta
 
 from .cluster import by_state, kv_bytes_per_token, kv_bytes_sent, metric, start_pdd
 
@@ -120,7 +121,7 @@ class Blocker:
         self.chunks = sse_chunks(router.url, greedy_body(ids, 3000))
         for chunk in self.chunks:  # its first tokens: it runs on an MD now
             if "output_ids" in chunk:
-                self.md = chunk["meta_info"]["pdd"]["md"]["index"]
+                self.md = ReplyMeta.of(chunk["meta_info"]).md.index
                 return
         raise AssertionError("the blocker's stream ended before any token")
 
@@ -138,7 +139,8 @@ def conversation(cluster, reference_server, prompts, policy: str, seed: int) -> 
     finally:
         blocker.close()
     home = 1 - blocker.md
-    assert out1["meta_info"]["pdd"]["md"]["index"] == home, out1["meta_info"]["pdd"]  # the other MD was busy
+    pdd1 = ReplyMeta.of(out1["meta_info"])
+    assert pdd1.md.index == home, pdd1  # the other MD was busy
     identity.check(identity.reference(reference_server.url, first, NEW_TOKENS), out1["output_ids"], "turn 1")
     wait_unloaded(router)
     second = first + out1["output_ids"] + prompts.ids(100, seed=seed + 2)
@@ -151,7 +153,7 @@ def conversation(cluster, reference_server, prompts, policy: str, seed: int) -> 
     finally:
         hold.close()
     identity.check(identity.reference(reference_server.url, second, NEW_TOKENS), out2["output_ids"], "turn 2")
-    return {"md": out2["meta_info"]["pdd"]["md"], "home": home, "moved": moved, "len": len(second),
+    return {"md": ReplyMeta.of(out2["meta_info"]).md, "home": home, "moved": moved, "len": len(second),
             "cached": out2["meta_info"].get("cached_tokens")}
 
 
@@ -162,15 +164,15 @@ def test_cache_aware_keeps_the_conversation_on_its_md_least_loaded_does_not(clus
     control = conversation(cluster, reference_server, prompts, "least-loaded", seed=51)
     # cache-aware: turn 2 on the MD that holds turn 1's prompt and output (but its last token's KV)
     home, away = aware["home"], 1 - aware["home"]
-    assert aware["md"]["index"] == home and "cache-aware" in aware["md"]["reason"]
-    assert aware["md"]["hits"][home] >= 1200 + NEW_TOKENS - 1 and aware["md"]["hits"][away] == 0
+    assert aware["md"].index == home and "cache-aware" in aware["md"].reason
+    assert aware["md"].hits[home] >= 1200 + NEW_TOKENS - 1 and aware["md"].hits[away] == 0
     assert aware["moved"] <= (aware["len"] - 1200 - NEW_TOKENS + 1) * kvb
     # least-loaded: turn 2 goes to the idler MD, whose cache has none of it: the whole history crosses again
-    assert control["md"]["index"] != control["home"], control
+    assert control["md"].index != control["home"], control
     assert control["moved"] >= control["len"] * kvb * 0.9
     assert aware["moved"] * 5 < control["moved"], (aware, control)
-    figures.append(f"turn 2 of {aware['len']} tokens: cache-aware MD hit {aware['md']['hits'][home]}, KV sent "
-          f"{aware['moved'] / 2**20:.2f} MiB; least-loaded MD hit {control['md']['hits'][control['md']['index']]}, KV sent "
+    figures.append(f"turn 2 of {aware['len']} tokens: cache-aware MD hit {aware['md'].hits[home]}, KV sent "
+          f"{aware['moved'] / 2**20:.2f} MiB; least-loaded MD hit {control['md'].hits[control['md'].index]}, KV sent "
           f"{control['moved'] / 2**20:.2f} MiB ({control['moved'] / max(aware['moved'], 1):.1f}x)")
     sent = metric(cluster["cache-aware"].url, "sglang_pdd_router_md_prompt_tokens_total")
     assert sum(v for k, v in sent.items() if dict(k).get("cached") == "hit") >= 1200 + NEW_TOKENS - 1
@@ -184,7 +186,7 @@ def test_md_killed_after_the_handoff_goes_on_on_the_other_md(cluster, reference_
     killed_at = []
 
     def kill_after_the_handoff(chunk):
-        k = (chunk.get("meta_info") or {}).get("pdd", {}).get("handoff_tokens")
+        k = (ReplyMeta.of(chunk.get("meta_info")) or ReplyMeta()).handoff_tokens
         if not killed_at and k is not None and len(chunk["output_ids"]) >= k + 16:
             killed_at.append(len(chunk["output_ids"]))
             sigkill(cluster["md1"])
@@ -193,15 +195,15 @@ def test_md_killed_after_the_handoff_goes_on_on_the_other_md(cluster, reference_
     assert killed_at, "MD 1 was never killed (no handoff?)"
     assert "error" not in out, out
     identity.check(want, out["output_ids"], "migrated after MD's SIGKILL")
-    pdd_meta = out["meta_info"]["pdd"]
-    assert killed_at[0] < n and pdd_meta["migrations"] == 1 and pdd_meta["handoff_tokens"] >= EAGER, pdd_meta
+    pdd_meta = ReplyMeta.of(out["meta_info"])
+    assert killed_at[0] < n and pdd_meta.migrations == 1 and pdd_meta.handoff_tokens >= EAGER, pdd_meta
     # --pipeline relay: the rest went P->RLD->MD (RLD next to P streams on while MD 2 gets the KV), a second handoff
-    assert pdd_meta["migration_pipelines"] == ["P->RLD->MD"], pdd_meta
+    assert pdd_meta.migration_pipelines == ["P->RLD->MD"], pdd_meta
     assert sum(v for (_, outcome), v in migrations(cluster["migrating"].url).items() if outcome == "completed") == 1
     status, health = http_json(cluster["migrating"].url + "/health")
     assert status == 200 and health["out"] == {"main": [cluster["md1"].url]}, health
     figures.append(f"migration after MD's SIGKILL at token {killed_at[0]} of {n}: largest client gap "
-                   f"{out['gap_s']:.2f}s, e2e {out['e2e_s']:.1f}s ({pdd_meta['migration_causes']})")
+                   f"{out['gap_s']:.2f}s, e2e {out['e2e_s']:.1f}s ({pdd_meta.migration_causes})")
     pdd = cluster["pdd"]
     wait_idle(pdd, [pdd.relay, cluster["md2"]])
 
@@ -240,8 +242,9 @@ def test_rld_killed_before_the_handoff_migrates_and_without_migration_fails_clea
     ok, failed = outs["migrating"], outs["limit0"]
     assert "error" not in ok and "exception" not in ok, ok
     identity.check(want, ok["output_ids"], "migrated after RLD's SIGKILL")
-    assert ok["meta_info"]["pdd"]["migrations"] == 1 and ok["meta_info"]["pdd"]["handoff_tokens"] is None
-    assert ok["meta_info"]["pdd"]["migration_pipelines"] == ["P->MD"]  # MD held the KV
+    ok_meta = ReplyMeta.of(ok["meta_info"])
+    assert ok_meta.migrations == 1 and ok_meta.handoff_tokens is None
+    assert ok_meta.migration_pipelines == ["P->MD"]  # MD held the KV
     assert "error" in failed and "relay" in failed["error"]["message"], failed
     assert "127.0.0.1" not in json.dumps(failed)
     assert failed["e2e_s"] < 60

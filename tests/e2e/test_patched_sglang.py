@@ -23,6 +23,7 @@ from sglang_pdd.lab.testing import identity, patched_sglang
 from sglang_pdd.lab.testing.client import greedy_body
 from sglang_pdd.lab.testing.launch_args import PddRouterConfig
 from sglang_pdd.lab.testing.servers import http_json
+from sglang_pdd.protocol.reply import ReplyMeta
 
 from .cluster import by_state, metric, start_pdd
 from .fanout_cluster import assert_prefill_idle, with_pdd
@@ -79,14 +80,14 @@ def grew(before: dict, after: dict, key: str) -> float:
     return after.get(key, 0.0) - before.get(key, 0.0)
 
 
-def generate(c, pipeline: str, reference_server, ids) -> tuple[dict, dict, dict]:
+def generate(c, pipeline: str, reference_server, ids) -> tuple[ReplyMeta, dict, dict]:
     want = identity.reference(reference_server.url, ids, N)
     before = counters(c)
     status, out = http_json(c[pipeline].url + "/generate", greedy_body(ids, N))
     assert status == 200, out
     identity.check(want, out["output_ids"], f"patched sglang, router {pipeline}")
     assert out["meta_info"]["completion_tokens"] == N
-    return out["meta_info"]["pdd"], before, counters(c)
+    return ReplyMeta.of(out["meta_info"]), before, counters(c)
 
 
 def test_every_server_takes_the_extension_points(cluster):
@@ -103,7 +104,7 @@ def test_every_server_takes_the_extension_points(cluster):
 def test_relayed_request_is_token_identical_through_the_fanout_and_the_packed_main_leg(
         cluster, reference_server, prompts):
     meta, before, after = generate(cluster, "relay", reference_server, prompts.ids(300, seed=1701))
-    assert meta["pipeline"] == "P->RLD->MD" and meta["handoff_tokens"] >= 4, meta
+    assert meta.pipeline == "P->RLD->MD" and meta.handoff_tokens >= 4, meta
     assert grew(before, after, "handoffs") == 1, (before, after)
     assert grew(before, after, "kv_relay") > 0 and grew(before, after, "kv_main") > 0, (before, after)  # fan-out
     assert grew(before, after, "packed") > 0 and grew(before, after, "unpacked") == 1, (before, after)
@@ -115,7 +116,7 @@ def test_direct_request_is_token_identical_through_the_packed_path(cluster, refe
 
 def check_direct(cluster, reference_server, ids) -> None:
     meta, before, after = generate(cluster, "direct", reference_server, ids)
-    assert meta["pipeline"] == "P->MD" and meta["handoff_tokens"] is None, meta
+    assert meta.pipeline == "P->MD" and meta.handoff_tokens is None, meta
     assert grew(before, after, "handoffs") == 0 and grew(before, after, "kv_direct") > 0, (before, after)
     assert grew(before, after, "packed") > 0 and grew(before, after, "unpacked") == 1, (before, after)
 

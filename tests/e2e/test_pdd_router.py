@@ -10,6 +10,7 @@ from sglang_pdd.lab.testing import identity
 from sglang_pdd.lab.testing.client import greedy_body, stream_generate
 from sglang_pdd.lab.testing.launch_args import PddRouterConfig
 from sglang_pdd.lab.testing.servers import http_json
+from sglang_pdd.protocol.reply import ReplyMeta
 
 from .cluster import by_state, metric, start_pdd
 
@@ -71,12 +72,13 @@ def check_generate(router, reference_server, ids, pipeline, stream, n=N, what=""
     identity.check(want, out["output_ids"], f"router {pipeline}{' stream' if stream else ''} {what}")
     meta = out["meta_info"]
     assert meta["finish_reason"]["type"] == "length" and meta["completion_tokens"] == n
-    assert meta["pdd"]["pipeline"] == ("P->RLD->MD" if pipeline == "relay" else "P->MD")
+    pdd = ReplyMeta.of(meta)
+    assert pdd.pipeline == ("P->RLD->MD" if pipeline == "relay" else "P->MD")
     if pipeline == "relay":
         k = assert_one_handoff(router, before)
-        assert meta["pdd"]["handoff_tokens"] == k and meta["pdd"]["handoff_mode"] in ("one-shot", "catch-up")
+        assert pdd.handoff_tokens == k and pdd.handoff_mode in ("one-shot", "catch-up")
     else:
-        assert handoffs_on_main(router)[0] == before[0] and meta["pdd"]["handoff_tokens"] is None
+        assert handoffs_on_main(router)[0] == before[0] and pdd.handoff_tokens is None
     return out
 
 
@@ -158,20 +160,22 @@ def test_odd_traffic_finishes_on_the_relay_and_its_wan_bytes_are_never_sent(rout
     status, out = http_json(auto + "/generate", greedy_body(ids, 16))
     assert status == 200
     identity.check(want, out["output_ids"], "odd traffic on the relay")
-    pdd = out["meta_info"]["pdd"]
-    assert pdd["pipeline"] == "P->RLD" and pdd["reason"].startswith("odd traffic"), pdd
-    assert pdd["missed_bytes"] >= 700 * 16384 * 0.9
-    assert router_metric(auto, "sglang_pdd_router_wan_bytes_avoided_total") - avoided == pdd["missed_bytes"]
+    pdd = ReplyMeta.of(out["meta_info"])
+    assert pdd.pipeline == "P->RLD" and pdd.reason.startswith("odd traffic"), pdd
+    assert pdd.missed_bytes >= 700 * 16384 * 0.9
+    assert router_metric(auto, "sglang_pdd_router_wan_bytes_avoided_total") - avoided == pdd.missed_bytes
     assert main_leg_bytes(router) == wan  # P sent MainDecode nothing
     # the same prompt with a long output is not odd: RLD relays, MD takes over
     before = handoffs_on_main(router)
     status, out = http_json(auto + "/generate", greedy_body(ids, 120))
-    assert status == 200 and out["meta_info"]["pdd"]["pipeline"] == "P->RLD->MD", out["meta_info"]["pdd"]
+    assert status == 200, out
+    pdd = ReplyMeta.of(out["meta_info"])
+    assert pdd.pipeline == "P->RLD->MD", pdd
     assert_one_handoff(router, before)
     assert main_leg_bytes(router) > wan
     # a request may name its pipeline; a bad name is a 400
     status, out = http_json(auto + "/generate", {**greedy_body(ids, 16), "pdd_pipeline": "direct"})
-    assert status == 200 and out["meta_info"]["pdd"]["pipeline"] == "P->MD"
+    assert status == 200 and ReplyMeta.of(out["meta_info"]).pipeline == "P->MD"
     identity.check(want, out["output_ids"], "named pipeline")
     status, out = http_json(auto + "/generate", {**greedy_body(ids, 16), "pdd_pipeline": "sideways"})
     assert status == 400 and "pdd_pipeline" in str(out)

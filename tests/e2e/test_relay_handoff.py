@@ -340,3 +340,28 @@ def test_handoff_attention_hook_leaves_cpu_to_sglang_and_its_kernel_path_is_toke
 
 def test_pools_return_to_idle_on_relay_and_main(pdd):
     assert decode_roles_idle(pdd) == []
+
+
+def test_a_restarted_relay_hands_over_again_without_restarting_main(pdd, reference_server, prompts):
+    """RLD dies (SIGKILL) and starts again with the same command line (issue 31): the next relayed
+    request hands over normally, token-identical, within its deadline. Before the relay's replies carried
+    its epoch, MD dropped every reply of the new process as a replay ("reply 1 seen already") and each
+    relayed request waited out MD's handoff timeout, until MD itself restarted. Last in the module: it
+    replaces the relay process the other tests used."""
+    def replay_drops() -> float:
+        return sum(v for k, v in metric(pdd.main.url, "sglang_pdd_token_channel_rejected_total").items()
+                   if dict(k).get("reason") == "replay")
+
+    ids = prompts.ids(300, seed=91)
+    want = ref(reference_server, ids, 40)
+    assert_identical(want, relayed(pdd, greedy_body(ids, 40), k=4), "before the restart")
+    drops = replay_drops()
+    pdd.relay.stop(grace_s=0)
+    assert not pdd.relay.alive()
+    pdd.relay.start().wait_ready()
+    r = relayed(pdd, greedy_body(ids, 40), k=5)  # a handoff (asserted there): MD did not time out
+    assert_identical(want, r, "after the relay restarted")
+    assert replay_drops() == drops
+    ids2 = prompts.ids(260, seed=92)  # a second request: the channel stays up
+    assert_identical(ref(reference_server, ids2, 30), relayed(pdd, greedy_body(ids2, 30), k=3), "second after")
+    assert decode_roles_idle(pdd) == []

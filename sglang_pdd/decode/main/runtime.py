@@ -10,14 +10,13 @@ from sglang_pdd.config import PddConfig
 from sglang_pdd.decode.role import DecodeRole
 from sglang_pdd.decode.main import extend_batch
 from sglang_pdd.decode.main.handoff import Abort, MainHandoff
-from sglang_pdd.decode.main.handoff_attention import ATTENTION, CPU_TEST_POLICY, HandoffAttention
+from sglang_pdd.decode.main.handoff_attention import ATTENTION, HandoffAttention
 from sglang_pdd.protocol.channel import MainChannel
 from sglang_pdd.protocol.request import RequestParamsError, parse
 from sglang_pdd.protocol.request_auth import ParamsVerifier
 from sglang_pdd.decode.rank_sync import Abort as RankAbort
 from sglang_pdd.decode.rank_sync import Extend, ExtendItem, Hold, RankSync, Refuse, Round
 from sglang_pdd.decode.request_errors import end_queued
-from sglang_pdd.test_switches import OFF, TestSwitches
 
 logger = logging.getLogger(__name__)
 
@@ -27,8 +26,7 @@ class MainRuntime(DecodeRole):
 
     role = "main"
 
-    def __init__(self, scheduler, cfg: PddConfig, secret: bytes, switches: TestSwitches = OFF,
-                 attention: HandoffAttention = ATTENTION):
+    def __init__(self, scheduler, cfg: PddConfig, secret: bytes, attention: HandoffAttention = ATTENTION):
         super().__init__(scheduler)
         self.channel = MainChannel(secret, vocab_size=scheduler.model_config.vocab_size, curve_key=cfg.curve_key(),
                                    record=lambda reason: metrics.record_channel_rejects("main", reason, 1))
@@ -44,8 +42,6 @@ class MainRuntime(DecodeRole):
         # scheduler a result arrives one iteration late, for a copy of the batch)
         self._chunks: dict[tuple[int, ...], list] = {}
         self._registered: set[int] = set()
-        self.switches = switches
-        self._drop_after_extend: list = []  # negative control: (req, n, k) whose eager KV is discarded
         self._held_published = -1
         self.sync = RankSync(scheduler)  # TP > 1: the other ranks replay this rank's decisions
         self._extend_op = None  # this selection's EXTEND, for them
@@ -83,7 +79,7 @@ class MainRuntime(DecodeRole):
             self.verifier.check(params, req.bootstrap_room)  # only the router's, for this room, once
         except RequestParamsError as e:
             return str(e), 400
-        error = self.handoff.admit(req, params, drop_eager_kv=self.switches.drop_eager_kv())
+        error = self._track(req, params)
         self._register_sockets()
         return (error, 503) if error is not None else None
 
@@ -96,8 +92,7 @@ class MainRuntime(DecodeRole):
     # -- every iteration, after sglang's own process_decode_queue ----------------------------
     def poll(self) -> None:
         s = self.scheduler
-        if self.switches.on and s.waiting_queue and self.switches.knobs().corrupt_cached_prefix:
-            self._corrupt_cached_prefix([r for r in s.waiting_queue if not getattr(r, "_pdd_corrupted", False)])
+        self._before_poll()
         keep = []
         for req in s.waiting_queue:
             if self.handoff.is_relayed(req) and not req.finished():
@@ -172,34 +167,6 @@ class MainRuntime(DecodeRole):
                 continue
             self.handoff.chunk_done(p, md_batch)
 
-    def _discard_eager_kv(self) -> None:
-        """Negative control: zero the KV the EXTEND wrote for t1..t(k-1), as if it never ran."""
-        s = self.scheduler
-        pool = s.token_to_kv_pool_allocator.get_kvcache()
-        for req, n, k in self._drop_after_extend:
-            if req.finished() or k < 2:
-                continue
-            locs = s.req_to_token_pool.req_to_token[req.kv.req_pool_idx, n:n + k - 1].long()
-            for layer in range(pool.start_layer, pool.start_layer + pool.layer_num):
-                pool.get_key_buffer(layer)[locs] = 0
-                pool.get_value_buffer(layer)[locs] = 0
-        self._drop_after_extend.clear()
-
-    def _corrupt_cached_prefix(self, reqs: list) -> None:
-        """Negative control of the decode radix cache: zero the KV of the prefix a request reuses."""
-        s = self.scheduler
-        pool = s.token_to_kv_pool_allocator.get_kvcache()
-        for req in reqs:
-            req._pdd_corrupted = True
-            n = int(getattr(req.kv, "cache_protected_len", 0) or 0)
-            if n == 0 or req.kv.req_pool_idx is None:
-                continue
-            locs = s.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :n].long()
-            for layer in range(pool.start_layer, pool.start_layer + pool.layer_num):
-                pool.get_key_buffer(layer)[locs] = 0
-                pool.get_value_buffer(layer)[locs] = 0
-            logger.warning("sglang-pdd test knob: zeroed the %d cached prefix tokens of %s", n, req.rid)
-
     # -- batch selection ----------------------------------------------------------------------
     def next_batch(self, running_batch):
         """(handoff or catch-up EXTEND or None, running batch); the EXTEND's attention may take the
@@ -211,15 +178,13 @@ class MainRuntime(DecodeRole):
         if self.sync.active:
             self.sync.exchange(Round(ops=[self._extend_op] if batch is not None else []))
         if batch is not None:
-            cpu = self.switches.on and self.switches.knobs().handoff_kernel_cpu
-            self.attention.arm(batch, batch.batch_size(), policy=CPU_TEST_POLICY if cpu else None)
+            self.attention.arm(batch, batch.batch_size(), policy=self._attention_policy())
         return batch, running_batch
 
     def _select(self, running_batch):
         """Merge last iteration's EXTEND batch; return (extend batch or None, running batch)."""
         s = self.scheduler
-        if self._drop_after_extend:
-            self._discard_eager_kv()
+        self._before_select()
         if self.last_extend is not None:
             running_batch, self.last_extend = extend_batch.merged(running_batch, self.last_extend), None
         free_rows = min(s.max_running_requests, s.req_to_token_pool.size) - running_batch.batch_size()
@@ -231,8 +196,7 @@ class MainRuntime(DecodeRole):
         def cost(p):
             return extend_batch.slots_needed(len(p.req.origin_input_ids) + p.have, len(p.tokens), page)
 
-        ready = self.handoff.ready_finals() if self.switches.on else 0  # tests only: the gather knob
-        items = [] if ready and ready < self.switches.knobs().main_gather_handoffs else \
+        items = [] if self._hold_finals() else \
             self.handoff.take_ready(free_rows, budget, solo=extend_batch.needs_penalties, cost=cost)
         final = bool(items)
         if not items:  # no final handoff this iteration: recompute catch-up chunks, if any
@@ -257,16 +221,34 @@ class MainRuntime(DecodeRole):
             self._chunks[chunk_key(batch)] = items
             return batch, running_batch
         self.last_extend = batch
-        if self.switches.testing:
-            for p in items:
-                if p.drop_eager_kv:
-                    p.req.skip_radix_cache_insert = True  # never publish the corrupted KV
-                    self._drop_after_extend.append((p.req, len(p.req.origin_input_ids), len(p.req.output_ids)))
+        self._after_final_extend(items)
         metrics.record_extend_batch(len(items))
         for p in items:
             metrics.record_handoff("main", len(p.req.output_ids))
         self._publish_held()
         return batch, running_batch
+
+    # -- hooks, plain here: the tests' negative controls override them (controls.py) ---------------
+    def _track(self, req: Any, params) -> str | None:
+        """Hand an admitted relayed request to the handoff state machine; the error that ends it, if any."""
+        return self.handoff.admit(req, params)
+
+    def _before_poll(self) -> None:
+        """At the start of each poll, before the relayed requests leave the waiting queue."""
+
+    def _attention_policy(self):
+        """The handoff attention's KernelPolicy for the EXTEND about to run (None: its default)."""
+        return None
+
+    def _before_select(self) -> None:
+        """At the start of each batch selection, before last iteration's EXTEND is merged."""
+
+    def _hold_finals(self) -> bool:
+        """Whether this selection starts no final handoff EXTEND even though some are ready."""
+        return False
+
+    def _after_final_extend(self, items: list) -> None:
+        """After a final handoff EXTEND of these handoffs is built, before it runs."""
 
 
 def end_request(s, req, held: bool, message: str, relay_finished: bool, keep_kv: bool = True) -> None:

@@ -13,7 +13,6 @@ from sglang_pdd.protocol.handoff_finish import HandoffFinish
 from sglang_pdd.decode.rank_sync import Finish, RankSync
 from sglang_pdd.decode.relay.handoff import RelayHandoff
 from sglang_pdd.policy.handoff_mode import HandoffModeConfig, HandoffModePolicy
-from sglang_pdd.test_switches import OFF, TestSwitches
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +38,7 @@ class RelayRuntime(DecodeRole):
 
     role = "relay"
 
-    def __init__(self, scheduler, cfg: PddConfig, secret: bytes, switches: TestSwitches = OFF):
+    def __init__(self, scheduler, cfg: PddConfig, secret: bytes):
         super().__init__(scheduler)
         host = scheduler.server_args.host or "0.0.0.0"
         self.channel = RelayChannel(f"tcp://{host}:{cfg.token_port}", secret,
@@ -49,7 +48,6 @@ class RelayRuntime(DecodeRole):
             rld_busy_running=cfg.adaptive_rld_running, rld_busy_kv_usage=cfg.adaptive_rld_kv,
             md_small_batch=cfg.adaptive_md_batch))
         self.handoff = RelayHandoff(self.channel, timeout_s=cfg.handoff_timeout, policy=policy, record=_record)
-        self.switches = switches
         self.sync = RankSync(scheduler)  # TP > 1: the other ranks replay this rank's handoff finishes
         idle_wait.watch(scheduler, self.channel.sock)  # tokens from MD end an idle wait
         logger.info("sglang-pdd relay: token channel on %s%s", self.channel.address,
@@ -82,11 +80,15 @@ class RelayRuntime(DecodeRole):
 
     # -- DecodeRole ---------------------------------------------------------------------------
     def admit(self, req: Any) -> None:
-        self.handoff.track(req, min_eager=self.switches.knobs().relay_min_eager if self.switches.on else 0)
+        self.handoff.track(req, min_eager=self._min_eager())
 
     def poll(self) -> None:
         self.handoff.poll(self)
         self.sync.flush()
+
+    def _min_eager(self) -> int:
+        """No Ready before a request has this many output tokens; the tests' control sets it (controls.py)."""
+        return 0
 
 
 def end_with_handoff(s: Any, req: Any, k: int, mode: str) -> None:

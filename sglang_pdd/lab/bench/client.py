@@ -14,6 +14,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
+from sglang_pdd.protocol.reply import ReplyMeta, ReplyMetaError
+
 logger = logging.getLogger(__name__)
 
 
@@ -28,9 +30,17 @@ class StreamResult:
     output_ids: list[int] = field(default_factory=list)
     error: str = ""
     finish_reason: dict = field(default_factory=dict)  # meta_info.finish_reason of the last chunk
-    pipeline: str = ""  # the PDD router's choice (meta_info.pdd), empty for other systems
-    handoff_tokens: int | None = None  # eager tokens RLD handed over (None: no handoff)
-    pdd: dict = field(default_factory=dict)  # the PDD router's meta_info.pdd (mode, MD hit, ...)
+    pdd: ReplyMeta | None = None  # the PDD router's meta_info.pdd (pipeline, mode, MD hit, ...), None for other systems
+
+    @property
+    def pipeline(self) -> str:
+        """The PDD router's choice, empty for other systems."""
+        return (self.pdd.pipeline or "") if self.pdd else ""
+
+    @property
+    def handoff_tokens(self) -> int | None:
+        """Eager tokens RLD handed over (None: no handoff)."""
+        return self.pdd.handoff_tokens if self.pdd else None
 
     @property
     def tpot_s(self) -> float | None:
@@ -94,11 +104,12 @@ def stream(url: str, body: dict, timeout_s: float = 300.0) -> StreamResult:
     if last is None:
         return StreamResult(False, error="empty stream")
     meta = last.get("meta_info") or {}
+    try:
+        pdd = ReplyMeta.of(meta)
+    except ReplyMetaError as e:
+        return StreamResult(False, error=str(e))
     return StreamResult(True, ttft_s=ttft if ttft is not None else e2e, e2e_s=e2e,
                         prompt_tokens=int(meta.get("prompt_tokens", 0)),
                         output_tokens=int(meta.get("completion_tokens", len(ids))),
                         cached_tokens=int(meta.get("cached_tokens", 0)), output_ids=ids,
-                        finish_reason=dict(meta.get("finish_reason") or {}),
-                        pipeline=str((meta.get("pdd") or {}).get("pipeline") or ""),
-                        handoff_tokens=(meta.get("pdd") or {}).get("handoff_tokens"),
-                        pdd=dict(meta.get("pdd") or {}))
+                        finish_reason=dict(meta.get("finish_reason") or {}), pdd=pdd)

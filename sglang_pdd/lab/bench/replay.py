@@ -22,6 +22,7 @@ from typing import Callable, Protocol, Sequence
 from sglang_pdd.lab.bench.client import StreamResult, greedy_request
 from sglang_pdd.lab.bench.metrics import RequestRecord
 from sglang_pdd.lab.workload.request import WorkloadRequest
+from sglang_pdd.protocol.reply import ReplyMeta
 
 logger = logging.getLogger(__name__)
 
@@ -97,14 +98,15 @@ def replay(send: Send, reqs: Sequence[WorkloadRequest], vocab_size: int, timeout
                 outputs[r.turn] = res.output_ids
             else:
                 logger.warning("%s failed: %s", r.request_id, res.error)
+            pdd = res.pdd or ReplyMeta()  # every field empty for other systems
             rec = RequestRecord(
                 request_id=r.request_id, session_id=r.session_id, turn=r.turn, input_len=r.input_len,
                 hit_rate=r.hit_rate, sent_s=sent, ok=res.ok, ttft_s=res.ttft_s, e2e_s=res.e2e_s,
                 tpot_s=res.tpot_s, prompt_tokens=res.prompt_tokens, output_tokens=res.output_tokens,
                 cached_tokens=res.cached_tokens, error=res.error, pipeline=res.pipeline,
-                handoff_tokens=res.handoff_tokens, handoff_mode=res.pdd.get("handoff_mode") or "",
-                md_hit=res.pdd.get("md_hit"), missed_bytes=res.pdd.get("missed_bytes"),
-                rld_in_flight=res.pdd.get("rld_in_flight"), route_reason=str(res.pdd.get("reason") or ""))
+                handoff_tokens=res.handoff_tokens, handoff_mode=pdd.handoff_mode or "",
+                md_hit=pdd.md_hit, missed_bytes=pdd.missed_bytes,
+                rld_in_flight=pdd.rld_in_flight, route_reason=pdd.reason)
             with lock:
                 records.append(rec)
                 progress.update(1)

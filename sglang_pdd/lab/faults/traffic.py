@@ -19,6 +19,7 @@ import urllib.request
 from dataclasses import dataclass
 
 from sglang_pdd.lab.faults.outcome import RequestRecord, end_of_stream
+from sglang_pdd.protocol.reply import ReplyMeta
 
 
 @dataclass
@@ -145,11 +146,11 @@ def request(url: str, rec: RequestRecord, deadline_s: float, on_chunk=lambda: No
                 last = now
                 rec.output_ids = list(got)
                 meta = chunk.get("meta_info") or {}
-                pdd = meta.get("pdd") or {}
-                rec.migrations = int(pdd.get("migrations") or 0)
-                rec.causes = list(pdd.get("migration_causes") or [])
-                rec.handoff_k = pdd.get("handoff_tokens")
-                rec.md = (pdd.get("md") or {}).get("index")
+                pdd = ReplyMeta.of(meta) or ReplyMeta()  # a garbled one: a malformed stream (ValueError)
+                rec.migrations = pdd.migrations
+                rec.causes = list(pdd.migration_causes)
+                rec.handoff_k = pdd.handoff_tokens
+                rec.md = pdd.md.index if pdd.md else None
                 if meta.get("finish_reason") is not None:
                     rec.finish_reason = meta["finish_reason"]
                 on_chunk()

@@ -56,12 +56,16 @@ def relayed(rid: str, relay: str, room: int = 7, signer=ParamsSigner(SECRET), md
     return Req(rid, signed.to_custom_params(), bootstrap_room=md_room)
 
 
+def build(cls=MainRuntime, **kw):
+    scheduler = SimpleNamespace(model_config=SimpleNamespace(vocab_size=1000), waiting_queue=[])
+    rt = cls(scheduler, PddConfig(role=Role.MAIN, relays=f"{TRUSTED},{UNCONNECTABLE}"), secret=SECRET, **kw)
+    scheduler._pdd_runtime = rt
+    return rt
+
+
 @pytest.fixture
 def main(monkeypatch):
-    scheduler = SimpleNamespace(model_config=SimpleNamespace(vocab_size=1000), waiting_queue=[])
-    rt = MainRuntime(scheduler, PddConfig(role=Role.MAIN, relays=f"{TRUSTED},{UNCONNECTABLE}"),
-                     secret=SECRET)
-    scheduler._pdd_runtime = rt
+    rt = build()
     yield rt
     rt.channel.close()
 
@@ -148,12 +152,19 @@ def test_any_exception_while_taking_a_request_ends_that_request_not_the_schedule
 
 
 def test_the_drop_eager_kv_knob_marks_the_admitted_request(main, tmp_path):
-    """The negative control is MD's own switch (test knobs + SGLANG_PDD_TESTING), not a request field."""
+    """The negative control is MD's own switch (test knobs + SGLANG_PDD_TESTING, on the controlled
+    runtime), not a request field; the plain runtime never marks one."""
+    from sglang_pdd.decode.main.controls import ControlledMainRuntime
     from sglang_pdd.test_switches import TestSwitches
 
     knobs = tmp_path / "knobs.json"
-    knobs.write_text('{"drop_eager_kv": true}')
-    main.admit(relayed("i", TRUSTED, room=8))
-    main.switches = TestSwitches(knobs_file=str(knobs), testing=True)
-    main.admit(relayed("j", TRUSTED, room=9))
-    assert [p.drop_eager_kv for p in main.handoff.pending.values()] == [False, True]
+    controlled = build(ControlledMainRuntime, switches=TestSwitches(knobs_file=str(knobs), testing=True))
+    try:
+        controlled.admit(relayed("i", TRUSTED, room=8))  # no knobs file yet: off
+        knobs.write_text('{"drop_eager_kv": true}')
+        controlled.admit(relayed("j", TRUSTED, room=9))
+        main.admit(relayed("k", TRUSTED, room=10))
+        assert [p.drop_eager_kv for p in controlled.handoff.pending.values()] == [False, True]
+        assert [p.drop_eager_kv for p in main.handoff.pending.values()] == [False]
+    finally:
+        controlled.channel.close()

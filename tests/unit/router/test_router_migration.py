@@ -12,6 +12,7 @@ from aiohttp import web
 
 from sglang_pdd.metrics import parse_exposition
 from sglang_pdd.protocol.handoff_finish import HandoffFinish
+from sglang_pdd.protocol.reply import ReplyMeta
 from sglang_pdd.lab.testing import fake_upstream as fu
 
 PROMPT = [5, 6, 7]
@@ -115,8 +116,8 @@ def test_md_cut_mid_stream_on_p_md_goes_on_on_another_md(stream):
     out = _final(text, stream)
     assert out["output_ids"] == reference(12)
     assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 12}
-    assert out["meta_info"]["pdd"]["migrations"] == 1
-    assert out["meta_info"]["pdd"]["migration_causes"] == ["broken"]
+    assert ReplyMeta.of(out["meta_info"]).migrations == 1
+    assert ReplyMeta.of(out["meta_info"]).migration_causes == ["broken"]
     resumed = cl.main2.bodies[0]
     assert resumed["input_ids"] == PROMPT + reference(5)
     assert resumed["sampling_params"]["max_new_tokens"] == 7
@@ -139,12 +140,13 @@ def test_md_dead_after_the_handoff_goes_on_p_rld_md_with_another_md_and_logprobs
     assert status == 200, text
     out = json.loads(text)
     assert out["output_ids"] == reference(12)
-    assert out["meta_info"]["pdd"]["handoff_tokens"] == 4 and out["meta_info"]["pdd"]["migrations"] == 1
+    pdd = ReplyMeta.of(out["meta_info"])
+    assert pdd.handoff_tokens == 4 and pdd.migrations == 1
     assert [x[1] for x in out["meta_info"]["output_token_logprobs"]] == reference(12)
     assert [b["input_ids"] for b in cl.relay.bodies] == [PROMPT, PROMPT + reference(6)]  # the relay went on
     assert cl.main2.bodies[0]["input_ids"] == PROMPT + reference(6)
     assert "pdd" in cl.main2.bodies[0]["sampling_params"]["custom_params"]  # MD 2 took over from the relay
-    assert out["meta_info"]["pdd"]["migration_pipelines"] == ["P->RLD->MD"]
+    assert pdd.migration_pipelines == ["P->RLD->MD"]
     assert _migrations(metrics) == {("abort", "completed"): 1}
 
 
@@ -158,11 +160,11 @@ def test_md_dead_after_the_handoff_on_pipeline_direct_goes_on_p_md():
     (status, text, metrics, _), cl = run(go())
     assert status == 200, text
     out = json.loads(text)
-    assert out["output_ids"] == reference(12) and out["meta_info"]["pdd"]["migrations"] == 1
+    assert out["output_ids"] == reference(12) and ReplyMeta.of(out["meta_info"]).migrations == 1
     assert [x[1] for x in out["meta_info"]["output_token_logprobs"]] == reference(12)
     assert cl.main2.bodies[0]["input_ids"] == PROMPT + reference(6) and not cl.relay.bodies
     assert "custom_params" not in cl.main2.bodies[0]["sampling_params"]  # P->MD: no relay
-    assert out["meta_info"]["pdd"]["migration_pipelines"] == ["P->MD"]
+    assert ReplyMeta.of(out["meta_info"]).migration_pipelines == ["P->MD"]
 
 
 def test_rld_dead_before_the_handoff_goes_on_p_md_on_the_same_md():
@@ -177,7 +179,7 @@ def test_rld_dead_before_the_handoff_goes_on_p_md_on_the_same_md():
     assert status == 200, text
     out = json.loads(text)
     assert out["output_ids"] == reference(12)
-    assert out["meta_info"]["pdd"]["migrations"] == 1
+    assert ReplyMeta.of(out["meta_info"]).migrations == 1
     assert [b["input_ids"] for b in cl.main.bodies] == [PROMPT, PROMPT + reference(3)]
     assert len(cl.relay.bodies) == 1 and cl.main.aborts  # MD's waiting copy was cleaned up
     assert _migrations(metrics) == {("broken", "completed"): 1}
@@ -220,7 +222,7 @@ def test_md_failing_before_the_handoff_leaves_rld_to_finish():
     (status, text, metrics, _), cl = run(go())
     assert status == 200, text
     out = json.loads(text)
-    assert out["output_ids"] == reference(9) and out["meta_info"]["pdd"]["migrations"] == 0
+    assert out["output_ids"] == reference(9) and ReplyMeta.of(out["meta_info"]).migrations == 0
     assert _migrations(metrics) == {}
 
 
@@ -296,7 +298,7 @@ def test_all_tokens_sent_before_the_cut_end_at_their_length():
     out = json.loads(text)
     assert status == 200 and out["output_ids"] == reference(6)
     assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 6}
-    assert out["meta_info"]["pdd"]["migrations"] == 0
+    assert ReplyMeta.of(out["meta_info"]).migrations == 0
     assert not cl.main2.bodies  # nothing was left to ask for
 
 
@@ -320,7 +322,7 @@ def test_an_unreachable_md_is_ejected_and_health_says_so():
 
     first, health, second, down, cl = run(go())
     assert first[0] == 200 and first[1]["output_ids"] == reference(5)
-    assert first[1]["meta_info"]["pdd"]["migration_causes"] == ["unreachable"]
+    assert ReplyMeta.of(first[1]["meta_info"]).migration_causes == ["unreachable"]
     assert health[0] == 200 and health[1]["out"] == {"main": [cl.url(2)]} and health[1]["down"] == []
     assert second == 200 and len(cl.main2.bodies) == 2
     assert down[0] == 503 and down[1]["down"] == ["main"]
@@ -342,9 +344,10 @@ def test_with_every_relay_out_of_service_a_relayed_request_goes_p_md_at_once():
 
     (s1, o1), (s2, o2) = run(go())
     assert s1 == 200 and o1["output_ids"] == reference(5)
-    assert o1["meta_info"]["pdd"]["migration_causes"] == ["unreachable"]
-    assert s2 == 200 and o2["output_ids"] == reference(5) and o2["meta_info"]["pdd"]["migrations"] == 0
-    assert o2["meta_info"]["pdd"]["pipeline"] == "P->MD" and "no relay in service" in o2["meta_info"]["pdd"]["reason"]
+    assert ReplyMeta.of(o1["meta_info"]).migration_causes == ["unreachable"]
+    pdd = ReplyMeta.of(o2["meta_info"])
+    assert s2 == 200 and o2["output_ids"] == reference(5) and pdd.migrations == 0
+    assert pdd.pipeline == "P->MD" and "no relay in service" in pdd.reason
 
 
 @pytest.mark.parametrize("stream", [False, True])
