@@ -69,7 +69,7 @@ class PipelinePolicyConfig:
     wan_budget_s: float = 1.0  # P->MD when the predicted WAN time is at most this
     route_by: RouteBy = RouteBy.BANDWIDTH
     hit_threshold: float = 0.95  # for RouteBy.HIT_THRESHOLD
-    odd_output_threshold: int = 500  # docs/design.md: output < 500 tokens may be odd traffic
+    odd_output_threshold: int = 500  # the paper's 500-token threshold for odd traffic (docs/sim.md §2, "Request lifecycle")
     rld_tpot_s: float = 0.05  # expected RLD time per output token, to test "decode < WAN"
     allow_relay_only: bool = False  # reproduce the relay-only oscillation (docs/sim.md): low hit -> P->RLD
     relay_only_below_hit: float = 0.9

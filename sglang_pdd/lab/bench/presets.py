@@ -2,7 +2,7 @@
 
 Scale (issue 3 item 5): the tiny Llama has 16 KiB of KV per token (`TinyModelSpec()`), prompts are
 1500-2000 tokens on a session's first turn and grow turn by turn, and the WAN is 100 Mbit/s with
-20 ms one way (RECIPES' setting). A whole 2000-token prompt is then ~32 MiB of KV, ~2.9 s on the
+20 ms one way. A whole 2000-token prompt is then ~32 MiB of KV, ~2.9 s on the
 wire: a full transfer takes seconds, as in the paper, while a 90 %-hit turn moves ~0.3 s worth.
 
 * `smoke`: 4 sessions x up to 4 turns, 32 output tokens; three systems in under ~10 minutes.

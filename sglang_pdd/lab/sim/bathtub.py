@@ -34,7 +34,7 @@ class Pricing:
     """Per-token list prices in one unit (only ratios matter): output 4x input, cached 0.2x."""
 
     input: float = 1.0
-    cached_fraction: float = 0.2  # docs/sim.md: cached input billed at 10-25 %
+    cached_fraction: float = 0.2  # docs/sim.md §4 (Bathtub): cached input billed at 20 % (the paper: 10-25 %)
     output: float = 4.0
 
 
