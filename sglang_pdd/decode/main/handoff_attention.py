@@ -38,7 +38,7 @@ POOL_CLASSES = ("MHATokenToKVPool",)  # exact classes: subclasses change layout 
 class KernelPolicy:
     """Where the kernel path may run. Production: CUDA, fp16/bf16, the Triton kernels. The tests widen it:
     CPU and fp32 under Triton's interpreter, or the torch reference inside a CPU server (a test knob:
-    MainRuntime arms with CPU_TEST_POLICY under `handoff_kernel_cpu`)."""
+    ControlledMainRuntime (decode/main/controls.py) arms with CPU_TEST_POLICY under `handoff_kernel_cpu`)."""
 
     devices: tuple[str, ...] = ("cuda",)
     dtypes: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
