@@ -3,11 +3,14 @@
     python -m sglang_pdd.lab.micro.resource_report            # table: shared memory, registers, spills
     python -m sglang_pdd.lab.micro.resource_report --quick    # the subset the CI test compiles
     python -m sglang_pdd.lab.micro.resource_report --json     # one JSON object per variant, for tests
+    python -m sglang_pdd.lab.micro.resource_report --quick --bench-grid   # + every point of handoff_kernel's grid
 
 Variants are the ones the launchers pick for the handoff shapes (k in {1, 8, 64, 256}, GQA 1/4/8, head dim
 64/128, page size 1 and 16, bf16 and fp16, one or many partitions) and the pack/unpack kernels of a bf16
 pool. Each is compiled by driving the real launcher under `compile_only`, so what is reported is what
-would be launched. Exit status 1 when any variant spills or exceeds the H200's shared memory.
+would be launched. `--bench-grid` adds every point of the GPU benchmark's grid (`handoff_kernel`: its k and
+prefixes, its heads, bf16, pages 1 and 16); a compiled kernel that several points launch is one row, with
+those points in its `points` (JSON). Exit status 1 when any variant spills or exceeds the H200's shared memory.
 """
 
 from __future__ import annotations
@@ -62,6 +65,18 @@ def attn_variants(quick: bool) -> list[AttnVariant]:
     return out
 
 
+def bench_grid_variants(pages: tuple[int, ...] = (1, 16)) -> list[AttnVariant]:
+    """Every point of the GPU benchmark's default grid (`handoff_kernel.Grid()`), per page size."""
+    from sglang_pdd.lab.micro.handoff_kernel import Grid
+
+    g = Grid()
+    group = g.q_heads // g.kv_heads
+    if g.kv_heads != (8 if group <= 4 else 4):
+        raise RuntimeError("_compile_attention's head counts are no longer the benchmark's: update both")
+    return [AttnVariant(torch.bfloat16, g.head_dim, group, k, prefix, page)
+            for page in pages for prefix in g.prefixes for k in g.ks]
+
+
 def _compile_attention(v: AttnVariant) -> list[Any]:
     kv_heads = 8 if v.group <= 4 else 4
     hq = kv_heads * v.group
@@ -96,16 +111,20 @@ def _compile_pack() -> list[Any]:
     return result
 
 
-def collect(quick: bool) -> list[dict[str, Any]]:
-    rows, seen = [], set()
-    pairs = [p for v in attn_variants(quick) for p in _compile_attention(v)] + _compile_pack()
+def collect(quick: bool, bench_grid: bool = False) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    by_hash: dict[str, dict[str, Any]] = {}
+    variants = attn_variants(quick) + (bench_grid_variants() if bench_grid else [])
+    pairs = [p for v in variants for p in _compile_attention(v)] + _compile_pack()
     for kernel, label in pairs:
         key = kernel.hash
-        if key in seen:
+        if key in by_hash:
+            by_hash[key]["points"].append(label)
             continue
-        seen.add(key)
         res = resources(kernel)
-        rows.append({**asdict(res), "variant": label, "fits": res.fits(H200_MAX_SHARED_BYTES)})
+        row = {**asdict(res), "variant": label, "points": [label], "fits": res.fits(H200_MAX_SHARED_BYTES)}
+        by_hash[key] = row
+        rows.append(row)
     return rows
 
 
@@ -113,11 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="only the variants the CI test compiles")
     parser.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
+    parser.add_argument("--bench-grid", action="store_true", help="also every point of handoff_kernel's grid")
     args = parser.parse_args(argv)
     # The interpreter replaces the JIT at decoration time; kernel modules are not imported yet.
     os.environ.pop("TRITON_INTERPRET", None)
     t0 = time.time()
-    rows = collect(args.quick)
+    rows = collect(args.quick, args.bench_grid)
     if args.json:
         for r in rows:
             print(json.dumps(r))
@@ -125,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'kernel':<30} {'variant':<70} {'warps':>5} {'stages':>6} {'smem B':>7} {'regs':>4} "
               f"{'spill st/ld':>11} fits")
         for r in rows:
-            print(f"{r['name']:<30} {r['variant']:<70} {r['num_warps']:>5} {r['num_stages']:>6} "
+            also = f" (+{len(r['points']) - 1})" if len(r["points"]) > 1 else ""
+            print(f"{r['name']:<30} {(r['variant'] + also):<70} {r['num_warps']:>5} {r['num_stages']:>6} "
                   f"{r['shared_bytes']:>7} {r['registers']:>4} "
                   f"{r['spill_store_bytes']:>5}/{r['spill_load_bytes']:<5} {'yes' if r['fits'] else 'NO'}")
         print(f"{len(rows)} variants for sm_90a in {time.time() - t0:.0f} s")
