@@ -23,6 +23,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,3 +107,17 @@ def stall_if_asked(label: str) -> None:
     if os.environ.get(STALL_ENV) == label:
         stage("sleeping: forced stall (" + STALL_ENV + ")")
         time.sleep(10**6)
+
+
+def timer(smoke: bool) -> Callable[[Callable[[], Any]], float]:
+    """Milliseconds per call: do_bench's median on a GPU; one call after a warm-up one on CPU (smoke)."""
+    if smoke:
+        def cpu_time(fn: Callable[[], Any]) -> float:
+            fn()
+            t0 = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t0) * 1e3
+        return cpu_time
+    from triton.testing import do_bench
+
+    return lambda fn: float(do_bench(fn, warmup=10, rep=40))

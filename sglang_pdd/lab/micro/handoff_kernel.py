@@ -173,20 +173,6 @@ COMPARATORS: dict[str, Callable[[Problem, torch.Tensor], Callable[[], Any]]] = {
 }
 
 
-def _timer(smoke: bool) -> Callable[[Callable[[], Any]], float]:
-    """Milliseconds per call: do_bench's median on a GPU; one call after a warm-up one on CPU (smoke)."""
-    if smoke:
-        def cpu_time(fn: Callable[[], Any]) -> float:
-            fn()
-            t0 = time.perf_counter()
-            fn()
-            return (time.perf_counter() - t0) * 1e3
-        return cpu_time
-    from triton.testing import do_bench
-
-    return lambda fn: float(do_bench(fn, warmup=10, rep=40))
-
-
 @dataclass
 class Grid:
     """The benchmark's points and geometry, and how each point is run (its own process, bounded)."""
@@ -236,7 +222,7 @@ def measure_point(grid: Grid, k: int, prefix: int, impl: str) -> dict[str, Any]:
     else:
         device, dtype = torch.device("cuda"), torch.bfloat16
         device_name = torch.cuda.get_device_name(device)
-    timer = _timer(grid.smoke)
+    timer = bounded.timer(grid.smoke)
     bounded.stage("inputs")
     p = Problem(grid.batch, k, prefix, grid.q_heads, grid.kv_heads, grid.head_dim, grid.page_size, dtype, device)
     bounded.stage("torch reference")

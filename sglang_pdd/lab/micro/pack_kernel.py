@@ -83,19 +83,6 @@ class PoolGeometry:
         return env
 
 
-def _timer(smoke: bool) -> Callable[[Callable[[], Any]], float]:
-    if smoke:
-        def cpu_time(fn: Callable[[], Any]) -> float:
-            fn()
-            t0 = time.perf_counter()
-            fn()
-            return (time.perf_counter() - t0) * 1e3
-        return cpu_time
-    from triton.testing import do_bench
-
-    return lambda fn: float(do_bench(fn, warmup=10, rep=40))
-
-
 def _round_trip_error(k: list[torch.Tensor], v: list[torch.Tensor], src: torch.Tensor, dst: torch.Tensor) -> float:
     """Largest |unpacked - original| over each (layer, token, head)'s largest |original| value."""
     worst = 0.0
@@ -113,7 +100,7 @@ def measure_point(geo: PoolGeometry, impl: str) -> dict[str, Any]:
     device = torch.device("cpu") if geo.smoke else torch.device("cuda")
     device_name = "cpu" if geo.smoke else torch.cuda.get_device_name(device)
     dtype = DTYPES[geo.dtype]
-    timer = _timer(geo.smoke)
+    timer = bounded.timer(geo.smoke)
     bounded.stage("pool")
     gen = torch.Generator().manual_seed(0)
     pages = -(-geo.tokens // geo.page_size)
