@@ -89,6 +89,16 @@ def _kill_group(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
+def child_env(smoke: bool) -> dict[str, str]:
+    """A point child's environment: compiled on a GPU; Triton's interpreter only for the smoke shapes
+    (TRITON_INTERPRET is read when the kernel modules are imported, in the child)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("TRITON_INTERPRET", None)
+    if smoke:
+        env["TRITON_INTERPRET"] = "1"
+    return env
+
+
 # -- the child's side ---------------------------------------------------------------------------------
 
 

@@ -76,11 +76,7 @@ class PoolGeometry:
         return argv + (["--smoke"] if self.smoke else [])
 
     def child_env(self) -> dict[str, str]:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        env.pop("TRITON_INTERPRET", None)  # compiled on a GPU; the interpreter only for the smoke shapes
-        if self.smoke:
-            env["TRITON_INTERPRET"] = "1"
-        return env
+        return bounded.child_env(self.smoke)
 
 
 def _round_trip_error(k: list[torch.Tensor], v: list[torch.Tensor], src: torch.Tensor, dst: torch.Tensor) -> float:

@@ -21,8 +21,9 @@ RCVHWM = 1024  # batches queued in the router before ZMQ stops reading (the publ
 
 
 def _bounds(max_message_bytes: int) -> tuple:
-    """A message over the size cap closes the connection (ZMQ reconnects; the view goes stale and
-    replays), and a slow router queues a bounded number of batches."""
+    """A message over the size cap closes the connection (ZMQ does not reconnect after that protocol
+    error: `_run` opens a new socket; the view goes stale and replays), and a slow router queues a
+    bounded number of batches."""
     import zmq
 
     return ((zmq.MAXMSGSIZE, max_message_bytes), (zmq.RCVHWM, RCVHWM))
