@@ -20,9 +20,10 @@ from sglang_pdd.lab.sim.plots import plot_bathtub, plot_oscillation, plot_paper,
 from sglang_pdd.lab.sim.relay_regimes import relay_regimes_report, run_relay_regimes
 from sglang_pdd.lab.sim.report import paper_report
 from sglang_pdd.lab.sim.sizing import sizing_report
-from sglang_pdd.lab.sim.trace_run import run_trace
+from sglang_pdd.lab.sim.trace_run import load_trace, run_trace, run_trace_regimes, trace_report
 from sglang_pdd.lab.sim.wan_sweep import run_wan_sweep, wan_sweep_report
 from sglang_pdd.lab.workload.generator import generate
+from sglang_pdd.lab.workload.mooncake import MooncakeOptions
 from sglang_pdd.lab.workload.trace import write_jsonl
 
 logger = logging.getLogger(__name__)
@@ -49,9 +50,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--calibrate", metavar="REPORT.json",
                     help="compare a measured testbed report with the simulator (see docs/sim.md)")
     ap.add_argument("--trace", metavar="TRACE.jsonl",
-                    help="workload trace (JSONL) for --scenario trace and --calibrate")
+                    help="workload trace for --scenario trace and --calibrate: our JSONL, or the "
+                         "Mooncake format (timestamp, input_length, output_length, hash_ids), "
+                         "recognised by its fields")
     ap.add_argument("--systems", default="same-dc-pd,xdc-pd-drc,pdd-adaptive,pdd-bw",
-                    help="comma-separated systems for --scenario trace (paper deployments)")
+                    help="comma-separated systems for --scenario trace (paper deployments; "
+                         "default: %(default)s)")
+    mc = ap.add_argument_group("Mooncake-format traces (--scenario trace)")
+    mc.add_argument("--trace-from", type=float, default=0.0,
+                    help="keep records from this trace time, s (default 0)")
+    mc.add_argument("--trace-to", type=float, default=float("inf"),
+                    help="keep records before this trace time, s (default: to the end)")
+    mc.add_argument("--trace-speedup", type=float, default=1.0,
+                    help="compress time: replay k x faster (default 1)")
+    mc.add_argument("--trace-length-scale", type=float, default=1.0,
+                    help="scale block size, prompt and output lengths by this factor in (0, 1], "
+                         "for a model with a smaller context (default 1)")
+    mc.add_argument("--trace-max-context", type=int, default=None,
+                    help="drop records whose scaled input + output exceed this (default: keep all)")
+    ap.add_argument("--no-goodput", action="store_true",
+                    help="--scenario trace: skip the goodput search (default: search)")
+    ap.add_argument("--wan-regimes", action="store_true",
+                    help="--scenario trace: run on the four WAN regimes of relay-variants "
+                         "(default: the one line of --wan-gbps)")
     ap.add_argument("--export-trace", metavar="TRACE.jsonl",
                     help="write the paper-scale workload (at --load req/s) as a JSONL trace and exit")
     ap.add_argument("--plots", metavar="DIR", help="write PNG plots (needs matplotlib)")
@@ -78,7 +99,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.scenario == "trace":
         if not args.trace:
             ap.error("--scenario trace needs --trace TRACE.jsonl")
-        print(run_trace(s, args.trace, args.systems.split(",")))
+        try:
+            opts = MooncakeOptions(args.trace_from, args.trace_to, args.trace_speedup,
+                                   args.trace_length_scale, args.trace_max_context)
+        except ValueError as e:
+            ap.error(f"--trace-*: {e}")
+        tr = load_trace(args.trace, opts)
+        systems = args.systems.split(",")
+        if args.wan_regimes:
+            print(run_trace_regimes(s, tr, systems, goodput=not args.no_goodput))
+        else:
+            print(trace_report(tr, run_trace(s, tr, systems, goodput=not args.no_goodput)))
     elif args.sizing:
         print(sizing_report(s, args.load))
     elif args.scenario == "paper":

@@ -24,6 +24,7 @@ from sglang_pdd.policy.bandwidth import BandwidthEstimator
 from sglang_pdd.policy.handoff_mode import HandoffModePolicy
 from sglang_pdd.policy.peer_choice import Candidate, ChoiceConfig, PeerChooser
 from sglang_pdd.policy.pipeline import Pipeline, PipelinePolicy, PipelinePolicyConfig, RouteInputs
+from sglang_pdd.lab.sim.block_cache import BlockRadixCache
 from sglang_pdd.lab.sim.cost_model import CostModel
 from sglang_pdd.lab.sim.decode import DecodeInstance
 from sglang_pdd.lab.sim.drc import DecodeRadixCache
@@ -35,9 +36,15 @@ from sglang_pdd.lab.sim.records import RequestRecord
 from sglang_pdd.lab.sim.relay import RelayFlow, RequestState
 from sglang_pdd.lab.sim.systems import Arch, PoolSpec, SystemSpec
 from sglang_pdd.lab.sim.wan import Transfer, WanLink
-from sglang_pdd.lab.workload.request import WorkloadRequest, output_segment
+from sglang_pdd.lab.workload.request import WorkloadRequest
 
 logger = logging.getLogger(__name__)
+
+# cache-aware choice of P on block-level traces (in the manner of sglang-router's cache_aware
+# policy; the values are assumptions): balance first, then the longest cached prefix
+P_BALANCE_ABS_TOKENS = 32_768  # queued-token gap above which the queue decides ...
+P_BALANCE_REL = 1.5  # ... when the longest queue is also this many times the shortest
+P_CACHE_THRESHOLD = 0.3  # below this hit rate at the best P, go to the P caching least
 
 
 def decode_max_batch(cost: CostModel, pool: PoolSpec, context_tokens: int, tpot_target_s: float,
@@ -80,6 +87,8 @@ class Cluster(RelayFlow):
         self.wan = WanLink(lp, spec.wan) if spec.wan is not None else None
         self.half_rtt = spec.wan.rtt_s / 2 if spec.wan is not None else 0.0
         self.drc = [DecodeRadixCache(spec.drc_capacity_tokens) for _ in self.D] if spec.drc else None
+        self.pc: Optional[list[BlockRadixCache]] = None  # P's and RLD's caches: block-level traces
+        self.rc: Optional[list[BlockRadixCache]] = None
         self.policy: Optional[PipelinePolicy] = None
         if spec.arch is Arch.PDD:
             rt = spec.routing
@@ -111,6 +120,8 @@ class Cluster(RelayFlow):
         for its answer). Open loop: every request at its `arrival_s`."""
         reqs = sorted(requests, key=lambda r: (r.arrival_s, r.turn))
         self.closed_loop = closed_loop
+        if any(r.block_ids for r in reqs):
+            self._use_block_caches()
         first: list[WorkloadRequest] = []
         if closed_loop:
             seen: set[int] = set()
@@ -149,13 +160,22 @@ class Cluster(RelayFlow):
             w = lst.pop()
             self.loop.at(t_done + w.think_s, self._arrive, w)
 
+    def _use_block_caches(self) -> None:
+        """Block-level trace: every cache is a bounded LRU radix cache over blocks shared by all
+        requests (docs/sim.md, "Block-level prefix caches"). P and RLD cache in their KV pool,
+        MD in its DRC capacity (HBM + host DRAM)."""
+        if self.spec.drc:
+            self.drc = [BlockRadixCache(self.spec.drc_capacity_tokens) for _ in self.D]
+        self.pc = [BlockRadixCache(p.capacity) for p in self.P]
+        self.rc = [BlockRadixCache(r.capacity) for r in self.R] or None
+
     # ----- helpers -----
     def _md_of(self, w: WorkloadRequest) -> int:
         """The router's own choice (`policy.peer_choice`): each MD's radix hit for this prompt, the
         predicted WAN time of what it misses (PDD), its load and KV usage."""
         cands = []
         for i, d in enumerate(self.D):
-            hit = self.drc[i].peek(w.session_id, w.segments, w.input_len) if self.drc is not None else 0
+            hit = self.drc[i].peek_req(w) if self.drc is not None else 0
             wan = (self.policy.predict_wan_s((w.input_len - hit) * self.kv) if self.policy is not None else None)
             cands.append(Candidate(d.name, hit=hit, load=d.load, kv_usage=d.kv_usage, wan_s=wan))
         return self.md_chooser.choose(cands, w.input_len).index
@@ -190,8 +210,26 @@ class Cluster(RelayFlow):
         dec = self.policy.decide(RouteInputs(w.input_len, md_hit, w.max_output_tokens, rld_usage))
         return dec.pipeline, dec.reason
 
+    def _p_eligible(self) -> range:
+        return range(len(self.P))
+
     def _pick_p(self) -> int:
-        return min(range(len(self.P)), key=lambda i: self.P[i].queued_tokens)
+        return min(self._p_eligible(), key=lambda i: self.P[i].queued_tokens)
+
+    def _pick_p_cached(self, w: WorkloadRequest) -> int:
+        """With P caches (block-level traces): the queue decides when the P queues are out of
+        balance, else the longest cached prefix if it is at least `P_CACHE_THRESHOLD` of the
+        prompt, else the P caching least (spreads new prefixes)."""
+        elig = self._p_eligible()
+        short = self._pick_p()
+        lo, hi = self.P[short].queued_tokens, max(self.P[i].queued_tokens for i in elig)
+        if hi - lo > P_BALANCE_ABS_TOKENS and hi > P_BALANCE_REL * lo:
+            return short
+        hits = {i: self.pc[i].peek_req(w) for i in elig}
+        best = max(elig, key=lambda i: (hits[i], -self.P[i].queued_tokens))
+        if hits[best] >= P_CACHE_THRESHOLD * w.input_len:
+            return best
+        return min(elig, key=lambda i: (self.pc[i].tokens, self.P[i].queued_tokens))
 
     def _pick_rld(self, st: RequestState) -> int:
         return min(range(len(self.R)), key=lambda i: self.R[i].load)
@@ -200,24 +238,27 @@ class Cluster(RelayFlow):
     def _arrive(self, w: WorkloadRequest) -> None:
         if w.warmup:
             if self.drc is not None:
-                self.drc[self._md_of(w)].insert(w.session_id, w.segments)
+                self.drc[self._md_of(w)].insert_prompt(w)
             return
         d = self._md_of(w)
-        md_hit = self.drc[d].hit(w.session_id, w.segments, w.input_len) if self.drc else 0
+        md_hit = self.drc[d].hit_req(w) if self.drc else 0
         pipeline, reason = self._route(w, md_hit)
+        p = self._pick_p_cached(w) if self.pc is not None else self._pick_p()
+        p_hit = self.pc[p].hit_req(w) if self.pc is not None else w.prefix_hit_len
         rec = RequestRecord(w.request_id, w.session_id, w.turn, self.loop.now, w.input_len,
-                            w.max_output_tokens, w.prefix_hit_len, md_hit, pipeline.value,
-                            reason, w.odd)
+                            w.max_output_tokens, p_hit, md_hit, pipeline.value, reason, w.odd)
         self.records.append(rec)
         st = RequestState(w, rec)
         st.d = d
         self.states[w.request_id] = st
-        st.p = self._pick_p()
-        st.job = PrefillJob(w.request_id, w.input_len, w.prefix_hit_len)
+        st.p = p
+        st.job = PrefillJob(w.request_id, w.input_len, p_hit)
         self.P[st.p].submit(st.job)
 
     def _prefilled(self, rid: str) -> None:
         st = self.states[rid]
+        if self.pc is not None:
+            self.pc[st.p].insert_prompt(st.w)
         pipe = st.rec.pipeline
         if pipe == Pipeline.P_MD.value:
             st.pending_p = 1
@@ -287,6 +328,5 @@ class Cluster(RelayFlow):
         st.md = "done"
         self.D[st.d].release(rid)
         if self.drc is not None:
-            seq = list(st.w.segments) + [output_segment(st.w.turn, st.w.max_output_tokens)]
-            self.drc[st.d].insert(st.w.session_id, seq)
+            self.drc[st.d].insert_finished(st.w)
         self._complete(st, self.loop.now + self.half_rtt)

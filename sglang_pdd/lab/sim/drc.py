@@ -6,6 +6,8 @@ LRU eviction of whole sessions when the token capacity is exceeded. The hit of a
 its exact common prefix with the cached sequence (segments compare exactly, see
 `sglang_pdd.lab.workload.request.common_prefix_len`). A turn that never reaches MD (P->RLD alone)
 leaves MD's copy stale: that is how the relay-only oscillation arises (docs/sim.md, Oscillation).
+Block-level traces use `block_cache.BlockRadixCache` instead; both offer the request-level
+methods `peek_req`, `hit_req`, `insert_prompt` and `insert_finished` the cluster calls.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Sequence
 
-from sglang_pdd.lab.workload.request import Segment, common_prefix_len
+from sglang_pdd.lab.workload.request import Segment, WorkloadRequest, common_prefix_len, output_segment
 
 
 class DecodeRadixCache:
@@ -50,3 +52,16 @@ class DecodeRadixCache:
             _, (_, m) = self._entries.popitem(last=False)
             self.tokens -= m
             self.evictions += 1
+
+    # ----- request level (the interface `Cluster` uses for every prefix cache) -----
+    def peek_req(self, w: WorkloadRequest) -> int:
+        return self.peek(w.session_id, w.segments, w.input_len)
+
+    def hit_req(self, w: WorkloadRequest) -> int:
+        return self.hit(w.session_id, w.segments, w.input_len)
+
+    def insert_prompt(self, w: WorkloadRequest) -> None:
+        self.insert(w.session_id, w.segments)
+
+    def insert_finished(self, w: WorkloadRequest) -> None:
+        self.insert(w.session_id, list(w.segments) + [output_segment(w.turn, w.max_output_tokens)])

@@ -36,9 +36,8 @@ class ElasticCluster(Cluster):
         self._idle_since = 0.0
 
     # ----- routing hooks -----
-    def _pick_p(self) -> int:
-        n = len(self.P) if self.role == "P" else self.host
-        return min(range(n), key=lambda i: self.P[i].queued_tokens)
+    def _p_eligible(self) -> range:
+        return range(len(self.P) if self.role == "P" else self.host)
 
     def _route(self, w, md_hit):
         pipe, reason = super()._route(w, md_hit)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Callable, Optional
 
 from sglang_pdd.lab.workload.generator import WorkloadConfig
 from sglang_pdd.lab.sim.hardware import Efficiency
@@ -44,6 +44,14 @@ def _passes(res: RunResult, sla: Sla) -> bool:
 def max_goodput(spec: SystemSpec, model: ModelSpec, wl: WorkloadConfig, sla: Sla,
                 lo: float = 0.5, hi: float = 64.0, iters: int = 6,
                 eff: Efficiency = Efficiency()) -> GoodputResult:
+    return search_goodput(spec, sla, lambda rate: run_workload(
+        spec, model, replace(wl, request_rate=rate), sla, eff=eff), lo, hi, iters)
+
+
+def search_goodput(spec: SystemSpec, sla: Sla, run_at: Callable[[float], RunResult],
+                   lo: float, hi: float, iters: int) -> GoodputResult:
+    """The highest `rate` (any load knob: request rate, a trace's time compression) at which
+    `run_at(rate)` passes the SLA: doubling from `lo`, then `iters` log-space bisections."""
     runs = 0
     best: Optional[RunResult] = None
     best_rate = 0.0
@@ -51,9 +59,9 @@ def max_goodput(spec: SystemSpec, model: ModelSpec, wl: WorkloadConfig, sla: Sla
     def attempt(rate: float) -> bool:
         nonlocal runs, best, best_rate
         runs += 1
-        res = run_workload(spec, model, replace(wl, request_rate=rate), sla, eff=eff)
+        res = run_at(rate)
         ok = _passes(res, sla)
-        logger.info("%s @ %.2f req/s: attainment %.3f", spec.name, rate, res.summary.attainment)
+        logger.info("%s @ %.2f: attainment %.3f", spec.name, rate, res.summary.attainment)
         if ok and rate > best_rate:
             best, best_rate = res, rate
         return ok

@@ -52,7 +52,7 @@ class RelayFlow:
 
     def _md_cache_prompt(self, st: RequestState) -> None:
         if self.drc is not None:
-            self.drc[st.d].insert(st.w.session_id, st.w.segments)
+            self.drc[st.d].insert_prompt(st.w)
 
     def _cancel_md(self, st: RequestState) -> None:
         """RLD finished the request. Odd traffic (P->RLD routes never start MD) aside, a relayed
@@ -90,7 +90,8 @@ class RelayFlow:
     def _rld_admitted(self, rid: str) -> None:
         st = self.states[rid]
         st.rld = "admitted"
-        self.loop.after(self._fast_s(st.w.input_len * self.kv), self._rld_kv_arrived, rid)
+        hit = self.rc[st.r].hit_req(st.w) if self.rc is not None else 0  # block-level traces
+        self.loop.after(self._fast_s((st.w.input_len - hit) * self.kv), self._rld_kv_arrived, rid)
 
     def _rld_kv_arrived(self, rid: str) -> None:
         st = self.states.get(rid)
@@ -100,6 +101,8 @@ class RelayFlow:
         if st.rld == "skipped":
             self.R[st.r].release(rid)
             return
+        if self.rc is not None:
+            self.rc[st.r].insert_prompt(st.w)
         now = self.loop.now
         st.rec.first_token_s = now
         st.rld = "running"
@@ -116,6 +119,8 @@ class RelayFlow:
         st.rld = "done"
         st.rec.tokens_rld = st.w.max_output_tokens
         self.R[st.r].release(rid)
+        if self.rc is not None:
+            self.rc[st.r].insert_finished(st.w)
         if st.md not in ("none", "cancelled"):
             self._cancel_md(st)
         self._complete(st, self.loop.now)

@@ -80,6 +80,18 @@ class WorkloadRequest:
     warmup: bool = False
     odd: bool = False  # ground-truth label only; routers must not read it
     think_s: float = 0.0  # gap after the previous turn of the session completes (closed loop)
+    # block-level prefix identity (Mooncake traces, `workload.mooncake`): the prompt is these
+    # blocks of `block_tokens` tokens in order, the last one possibly partial; equal ids = equal
+    # tokens across requests and sessions. Empty for generated workloads (per-session segments).
+    block_ids: tuple[int, ...] = ()
+    block_tokens: int = 0
+
+    def block_lengths(self) -> list[int]:
+        """Tokens of each block of `block_ids`: full blocks, then the (possibly partial) last."""
+        k = len(self.block_ids)
+        if k == 0:
+            return []
+        return [self.block_tokens] * (k - 1) + [self.input_len - self.block_tokens * (k - 1)]
 
     @property
     def hit_rate(self) -> float:
@@ -104,6 +116,10 @@ class WorkloadRequest:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["segments"] = [[s.seed, s.length, s.source, s.turn] for s in self.segments]
+        if not self.block_ids:  # generated workloads keep their JSONL unchanged
+            del d["block_ids"], d["block_tokens"]
+        else:
+            d["block_ids"] = list(self.block_ids)
         return d
 
     @classmethod
@@ -123,4 +139,6 @@ class WorkloadRequest:
             warmup=bool(d.get("warmup", False)),
             odd=bool(d.get("odd", False)),
             think_s=float(d.get("think_s", 0.0)),
+            block_ids=tuple(int(b) for b in d.get("block_ids", ())),
+            block_tokens=int(d.get("block_tokens", 0)),
         )
