@@ -90,7 +90,9 @@ FLAGS: tuple[FlagSpec, ...] = (
     FlagSpec("token_curve", str, "auto", "relay and main: encrypt the token channel with ZMQ CURVE. The relay "
              "holds the secret key, MD the relay's public key, each in SGLANG_PDD_TOKEN_CURVE_KEY or the file "
              "SGLANG_PDD_TOKEN_CURVE_KEY_FILE names (python -m sglang_pdd.protocol.curve OUTDIR makes a pair). "
-             "'auto': on when a key is configured; 'on': refuse to start without one.",
+             "The relay admits only the MD public keys in SGLANG_PDD_TOKEN_CURVE_CLIENTS(_FILE) ('*': any), MD "
+             "holds its own secret key in SGLANG_PDD_TOKEN_CURVE_CLIENT_KEY(_FILE). "
+             "'auto' (default): on when a key is configured; 'on': refuse to start without one.",
              choices=("auto", "on", "off")),
     FlagSpec("seeded_sampling", str, "auto", "any server: honour a request's sampling_seed (OpenAI `seed`) "
              "with sglang's position-hashed sampler, so a sampled request gives the same tokens whichever "
@@ -284,6 +286,35 @@ class PddConfig:
             raise PddConfigError(f"--pdd-token-curve on: no key ({ENV_KEY} or {ENV_KEY}_FILE is not set)")
         return key
 
+    def curve_clients(self, environ: dict | None = None) -> frozenset[bytes] | None:
+        """Relay: the MainDecode public keys its CURVE handshake admits (protocol.curve_zap); None when
+        the channel is not encrypted or the allowlist is the explicit `*` (any key)."""
+        from sglang_pdd.protocol.curve import ANY_CLIENT, ENV_CLIENTS, CurveKeyError, load_clients
+
+        if self.curve_key(environ) is None:
+            return None
+        try:
+            clients = load_clients(environ)
+        except CurveKeyError as e:
+            raise PddConfigError(f"--pdd-token-curve: {e}") from None
+        if clients is None:
+            raise PddConfigError(f"--pdd-token-curve: the relay encrypts, but {ENV_CLIENTS} (or {ENV_CLIENTS}_FILE) "
+                                 "is not set: list the public keys of the MainDecode servers it admits, or "
+                                 f"'{ANY_CLIENT}' to admit any key (the frames' HMAC is then the only check)")
+        return None if clients == ANY_CLIENT else clients
+
+    def curve_client_key(self, environ: dict | None = None) -> bytes | None:
+        """Main: its own CURVE secret key (its public key goes on the relays' allowlists); None when
+        the channel is not encrypted or none is set (a keypair is drawn per connection)."""
+        from sglang_pdd.protocol.curve import ENV_CLIENT_KEY, CurveKeyError, load_key
+
+        if self.curve_key(environ) is None:
+            return None
+        try:
+            return load_key(environ, ENV_CLIENT_KEY)
+        except CurveKeyError as e:
+            raise PddConfigError(f"--pdd-token-curve: {e}") from None
+
     def describe(self) -> str:
         waits = f", idle wait {self.idle_wait_s * 1e3:g} ms, transfer poll {self.transfer_poll_s * 1e3:g} ms"
         if not self.active:
@@ -328,7 +359,10 @@ def from_cli_args(args: argparse.Namespace, disaggregation_mode: str = "null",
         )
     if cfg.role in (Role.RELAY, Role.MAIN):
         cfg.secret()  # fail at start-up, not at the first handoff
-        cfg.curve_key()
+        if cfg.role is Role.RELAY:
+            cfg.curve_clients()  # its key, and the MD keys it admits
+        else:
+            cfg.curve_client_key()  # the relay's key, and its own
     else:
         cfg.optional_secret()  # a prefill's is optional, but one that is given must be readable
     return cfg

@@ -10,7 +10,9 @@ belongs to the caller).
 
 Before authentication nothing is trusted: ZMQ drops a connection whose message exceeds `MAX_FRAME`
 (MAXMSGSIZE), queues at most `RCV_HWM` messages per peer, and `poll` reads (and MACs) at most
-`max_frames` frames and `max_bytes` bytes per call whatever they turn out to be. ZMQ heartbeats and
+`max_frames` frames and `max_bytes` bytes per call whatever they turn out to be. With CURVE and an
+allowlist of MD public keys, a client whose key is not on it fails the handshake and sends nothing
+(`protocol.curve_zap`; counted as `curve_unknown_key`). ZMQ heartbeats and
 TCP keepalive notice a connection a middlebox dropped while idle.
 
 Restarts and reconnects: MD's DEALER takes its session as its ZMQ routing id and RLD's ROUTER hands a
@@ -28,6 +30,7 @@ from collections.abc import Callable
 import zmq
 
 from sglang_pdd.protocol import curve, messages
+from sglang_pdd.protocol.curve_zap import ClientAllowlist
 from sglang_pdd.protocol.auth import FrameAuth
 from sglang_pdd.protocol.messages import Message, ProtocolError
 from sglang_pdd.protocol.replay import (MAIN_TO_RELAY, RELAY_TO_MAIN, EpochWindow, SessionGuard, new_epoch,
@@ -91,8 +94,13 @@ class RelayChannel(_Endpoint):
     """RLD side: bound ROUTER. `poll()` -> [(peer_id, message)], `send(peer_id, message)`."""
 
     def __init__(self, bind: str, secret: bytes, vocab_size: int | None = None, curve_key: bytes | None = None,
-                 record: Callable[[str], None] = _ignore):
+                 record: Callable[[str], None] = _ignore, curve_clients: frozenset[bytes] | None = None):
         super().__init__(secret, vocab_size, record)
+        self._allowlist: ClientAllowlist | None = None
+        if curve_key is not None and curve_clients is not None:  # only these MD keys pass the handshake
+            self._ctx = zmq.Context()  # the ZAP handler serves one context: this socket's alone
+            self._allowlist = ClientAllowlist(self._ctx, curve_clients)
+        self._refusals_seen = 0
         self.sock = self._ctx.socket(zmq.ROUTER)
         configure(self.sock)
         if curve_key is not None:  # the relay's CURVE secret key (protocol.curve)
@@ -100,7 +108,11 @@ class RelayChannel(_Endpoint):
         self.encrypted = curve_key is not None
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting MD keeps its identity (its session)
-        self.sock.bind(bind)
+        try:
+            self.sock.bind(bind)
+        except zmq.ZMQError:
+            self.close()  # and the allowlist's thread and context
+            raise
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._guard = SessionGuard(MAIN_TO_RELAY)
         self._session_of: collections.OrderedDict[bytes, int] = collections.OrderedDict()  # peer -> session
@@ -108,6 +120,10 @@ class RelayChannel(_Endpoint):
 
     def poll(self, max_frames: int = MAX_FRAMES_PER_POLL, max_bytes: int = MAX_BYTES_PER_POLL
              ) -> list[tuple[bytes, Message]]:
+        if self._allowlist is not None and self._allowlist.refused != self._refusals_seen:
+            for _ in range(self._allowlist.refused - self._refusals_seen):  # counted on this thread
+                self._count("curve_unknown_key")
+            self._refusals_seen = self._allowlist.refused
         out = []
         nbytes = 0
         for _ in range(max_frames):
@@ -156,6 +172,9 @@ class RelayChannel(_Endpoint):
 
     def close(self) -> None:
         self.sock.close(0)
+        if self._allowlist is not None:
+            self._allowlist.stop()
+            self._ctx.term()
 
 
 class _Connection:
@@ -172,9 +191,10 @@ class MainChannel(_Endpoint):
     """MD side: one DEALER per relay address. `send(addr, message)`, `poll()` -> [(addr, message)]."""
 
     def __init__(self, secret: bytes, vocab_size: int | None = None, curve_key: bytes | None = None,
-                 record: Callable[[str], None] = _ignore):
+                 record: Callable[[str], None] = _ignore, curve_client_key: bytes | None = None):
         super().__init__(secret, vocab_size, record)
         self._curve_key = curve_key  # the relays' CURVE public key (protocol.curve)
+        self._curve_client_key = curve_client_key  # this MD's CURVE secret key (None: one drawn per connection)
         self.encrypted = curve_key is not None
         self._conns: dict[str, _Connection] = {}
         self._poller = zmq.Poller()
@@ -187,7 +207,7 @@ class MainChannel(_Endpoint):
             c = _Connection(s)
             s.setsockopt(zmq.ROUTING_ID, session_id(c.session))  # kept across reconnects (ROUTER_HANDOVER)
             if self._curve_key is not None:
-                curve.connect_to(s, self._curve_key)
+                curve.connect_to(s, self._curve_key, self._curve_client_key)
             try:
                 s.connect(addr)
             except zmq.ZMQError:

@@ -28,8 +28,13 @@ class MainRuntime(DecodeRole):
 
     def __init__(self, scheduler, cfg: PddConfig, secret: bytes, attention: HandoffAttention = ATTENTION):
         super().__init__(scheduler)
+        client_key = cfg.curve_client_key()  # its public key is on the relays' allowlists
         self.channel = MainChannel(secret, vocab_size=scheduler.model_config.vocab_size, curve_key=cfg.curve_key(),
-                                   record=lambda reason: metrics.record_channel_rejects("main", reason, 1))
+                                   record=lambda reason: metrics.record_channel_rejects("main", reason, 1),
+                                   curve_client_key=client_key)
+        if self.channel.encrypted and client_key is None:
+            logger.warning("sglang-pdd main: CURVE without SGLANG_PDD_TOKEN_CURVE_CLIENT_KEY: a keypair is drawn per "
+                           "connection, which only a relay admitting any key ('*') accepts")
         self.relays = cfg.relay_set
         self.verifier = ParamsVerifier(secret)
         self.handoff = MainHandoff(self.channel, timeout_s=cfg.handoff_timeout,

@@ -41,9 +41,11 @@ class RelayRuntime(DecodeRole):
     def __init__(self, scheduler, cfg: PddConfig, secret: bytes):
         super().__init__(scheduler)
         host = scheduler.server_args.host or "0.0.0.0"
+        clients = cfg.curve_clients()  # the MD keys its CURVE admits (None: any, or no CURVE)
         self.channel = RelayChannel(f"tcp://{host}:{cfg.token_port}", secret,
                                     vocab_size=scheduler.model_config.vocab_size, curve_key=cfg.curve_key(),
-                                    record=lambda reason: metrics.record_channel_rejects("relay", reason, 1))
+                                    record=lambda reason: metrics.record_channel_rejects("relay", reason, 1),
+                                    curve_clients=clients)
         policy = HandoffModePolicy(HandoffModeConfig(
             rld_busy_running=cfg.adaptive_rld_running, rld_busy_kv_usage=cfg.adaptive_rld_kv,
             md_small_batch=cfg.adaptive_md_batch))
@@ -51,7 +53,8 @@ class RelayRuntime(DecodeRole):
         self.sync = RankSync(scheduler)  # TP > 1: the other ranks replay this rank's handoff finishes
         idle_wait.watch(scheduler, self.channel.sock)  # tokens from MD end an idle wait
         logger.info("sglang-pdd relay: token channel on %s%s", self.channel.address,
-                    " (CURVE encrypted)" if self.channel.encrypted else "")
+                    "" if not self.channel.encrypted else " (CURVE encrypted, any client key)" if clients is None
+                    else f" (CURVE encrypted, {len(clients)} MainDecode keys admitted)")
 
     # -- RelayOps ---------------------------------------------------------------------------
     def is_decoding(self, req: Any) -> bool:
