@@ -18,7 +18,7 @@ _metrics: dict[str, object] = {}
 def _counter(name: str, doc: str, labels: tuple[str, ...]):
     with _lock:
         if name not in _metrics:
-            from prometheus_client import Counter  # not a declared dependency (sglang brings it)
+            from prometheus_client import Counter  # lazily: see the module docstring
 
             _metrics[name] = Counter(PREFIX + name, doc, labels)
         return _metrics[name]
@@ -51,21 +51,24 @@ def record_transfer_seconds(kind: str, path: str, seconds: float, slices: int = 
 
 
 def parse_exposition(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
-    """Samples of metric `name` in a Prometheus text exposition: {sorted label pairs: value}."""
+    """Samples of metric `name` (a sample name: `x_total`, `x_bucket`, `sglang:token_usage`) in a
+    Prometheus text exposition: {sorted label pairs: value}, summed over samples with equal labels.
+
+    prometheus_client's parser reads the samples (escaped quotes, commas and braces in label values,
+    timestamps); it is handed only the lines that can be samples of `name` (the exposition format is
+    one sample a line, a newline in a label value is escaped), so a poll costs what the series costs,
+    not what the whole page costs. A malformed sample line raises ValueError."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    # split on "\n" only: str.splitlines() would also split on a U+2028 inside a label value
+    lines = [line for line in text.split("\n")
+             if line.startswith(name) and line[len(name):len(name) + 1] in ("{", " ", "\t")]
     out: dict[tuple[tuple[str, str], ...], float] = {}
-    for line in text.splitlines():
-        if not line.startswith(name) or line.startswith("#"):
-            continue
-        head, _, value = line.rpartition(" ")
-        metric, _, labels = head.partition("{")
-        if metric != name:
-            continue
-        pairs = []
-        for part in labels.rstrip("}").split(","):
-            if "=" in part:
-                k, _, v = part.partition("=")
-                pairs.append((k.strip(), v.strip().strip('"')))
-        out[tuple(sorted(pairs))] = out.get(tuple(sorted(pairs)), 0.0) + float(value)
+    for family in text_string_to_metric_families("\n".join(lines) + "\n"):
+        for sample in family.samples:
+            if sample.name == name:
+                key = tuple(sorted(sample.labels.items()))
+                out[key] = out.get(key, 0.0) + float(sample.value)
     return out
 
 

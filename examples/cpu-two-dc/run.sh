@@ -110,6 +110,8 @@ if [[ $DRY != 1 ]]; then (umask 077; head -c 32 /dev/urandom | base64 >"$SECRET_
 
 # 4. The servers. sglang on CPU needs these flags and variables (docs/cpu.md); the --pdd-* flags make
 #    the roles. --disable-overlap-schedule: prefill's overlap path needs CUDA (RLD and MD could overlap).
+#    RLD and MD stream incrementally (--incremental-streaming-output: each chunk carries its new tokens
+#    only; sglang's default repeats the whole output every chunk, O(n^2) bytes, and MD's crosses the WAN).
 CPU_FLAGS=(--device cpu --attention-backend torch_native --sampling-backend pytorch --dtype float32
            --max-total-tokens 16384 --mem-fraction-static 0.3 --max-running-requests 8
            --chunked-prefill-size -1 --page-size 1 --disable-cuda-graph --grammar-backend none
@@ -130,10 +132,11 @@ server prefill "$NS_A" "$IP_A" "$P_PORT" 31000 "SGLANG_PDD_SECRET_FILE=$SECRET_F
   --disaggregation-mode prefill --pdd-role prefill --pdd-packed-wan plain
 server relay "$NS_A" "$IP_A" "$RLD_PORT" 31001 "SGLANG_PDD_SECRET_FILE=$SECRET_FILE" \
   --disaggregation-mode decode --disaggregation-decode-retraction-backup cpu_tensor \
-  --pdd-role relay --pdd-token-port "$TOKEN_PORT" --tp-size 1
+  --pdd-role relay --pdd-token-port "$TOKEN_PORT" --tp-size 1 --incremental-streaming-output
 server main "$NS_B" "$IP_B" "$MD_PORT" 31002 "SGLANG_PDD_SECRET_FILE=$SECRET_FILE" \
   --disaggregation-mode decode --disaggregation-decode-retraction-backup cpu_tensor \
   --disaggregation-decode-enable-radix-cache --pdd-role main --pdd-packed-wan plain --tp-size 1 \
+  --incremental-streaming-output \
   --pdd-relays "tcp://$IP_A:$TOKEN_PORT" \
   --kv-events-config '{"publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}'
 wait_healthy "$NS_A" "http://$IP_A:$P_PORT"

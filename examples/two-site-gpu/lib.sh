@@ -39,6 +39,8 @@ fi
 : "${PDD_RELAY_GPUS:=0}"
 : "${PDD_MAIN_GPUS:=0}"
 : "${PDD_PREFILL_TP:=1}"
+: "${PDD_RELAY_TP:=1}"
+: "${PDD_MAIN_TP:=1}"
 : "${PDD_KV_TRANSPORT:=tcp}"
 : "${PDD_IB_DEVICE:=}"
 : "${PDD_MC_GID_INDEX:=}"
@@ -60,11 +62,22 @@ if [[ $PDD_KV_TRANSPORT == tcp ]]; then : "${PDD_PACKED_WAN:=plain}"; else : "${
 : "${PDD_DRY_RUN:=0}"
 
 [[ -d $PDD_MODEL || $PDD_DRY_RUN == 1 ]] || pdd_die "PDD_MODEL=$PDD_MODEL is not a directory"
+# RLD and MD are proven at TP 1 and 2 (docs/design.md, "Tensor parallelism"); nothing larger.
+for v in PDD_RELAY_TP PDD_MAIN_TP; do
+  [[ ${!v} == 1 || ${!v} == 2 ]] || pdd_die "$v=${!v}: RLD and MD are proven at TP 1 and 2 only"
+done
 
 # The arguments every sglang server of the example shares.
 pdd_server_args() {
   PDD_ARGS=(--model-path "$PDD_MODEL" --enable-metrics)
   if [[ -n $PDD_SERVED_MODEL_NAME ]]; then PDD_ARGS+=(--served-model-name "$PDD_SERVED_MODEL_NAME"); fi
+}
+
+# What RLD and MD add: each stream chunk carries its new tokens only (sglang's default repeats the whole
+# output on every chunk, O(n^2) bytes over a long output; MD's stream crosses the WAN). The router reads
+# either.
+pdd_decode_args() {
+  PDD_ARGS+=(--incremental-streaming-output)
 }
 
 # The KV transport (Mooncake) of P, RLD and MD: appended to PDD_ARGS, Mooncake's variables exported.

@@ -68,6 +68,7 @@ def test_servers_parse_and_take_their_roles(plan, server_parser):
         assert ns.device == "cpu" and ns.disaggregation_transfer_backend == "mooncake_tcp"
         if role != "prefill":
             assert ns.tp_size == 1 and ns.disable_overlap_schedule
+            assert ns.incremental_streaming_output, role  # O(n) stream bytes, MD's across the WAN
 
 
 def test_cpu_flags_and_environment_are_the_verified_ones(plan):

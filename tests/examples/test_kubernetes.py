@@ -1,9 +1,10 @@
 """examples/kubernetes: the overlays render (the lite renderer, and kubectl kustomize where installed) to
 the committed rendered/ files, every document validates against the Kubernetes schemas offline
 (kubernetes-validate, strict: unknown fields fail), and the manifests do what the README promises:
-one site per overlay, probes on /health, Prometheus annotations, the secret mounted from a Secret
-and named by SGLANG_PDD_SECRET_FILE, decode roles at TP 1 without the overlap scheduler, and every
-flag known to sglang's parser, the plugin and the router."""
+one site per overlay (and each pod labelled with it, for Prometheus' `site`), probes on /health,
+Prometheus annotations, the secret mounted from a Secret and named by SGLANG_PDD_SECRET_FILE, decode
+roles at TP 1 on sglang's default overlap scheduler streaming incrementally, and every flag known to
+sglang's parser, the plugin and the router."""
 
 from __future__ import annotations
 
@@ -64,6 +65,8 @@ def test_every_document_validates_against_the_kubernetes_schemas(site):
 
 def test_each_site_gets_its_roles_only(site):
     name, docs = site
+    for d in deployments(docs):  # the label Prometheus' kubernetes-pods job and PodMonitor make `site` of
+        assert d["spec"]["template"]["metadata"]["labels"]["sglang-pdd/site"] == name.removeprefix("site-")
     assert {n for k, n in docs if k == "Deployment"} == SITES[name]
     assert {n for k, n in docs if k == "Service"} == SITES[name]
     assert all(d["metadata"]["namespace"] == "sglang-pdd" for d in docs.values())
@@ -106,7 +109,7 @@ def _expand(s: str, env: dict) -> str:
     return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", sub, s)
 
 
-def test_every_flag_exists_and_the_decode_roles_run_tp1_without_overlap(site, server_parser):
+def test_every_flag_exists_and_the_decode_roles_run_tp1_on_the_overlap_loop(site, server_parser):
     from sglang_pdd.router.__main__ import build_parser
 
     _, docs = site
@@ -129,6 +132,7 @@ def test_every_flag_exists_and_the_decode_roles_run_tp1_without_overlap(site, se
         assert d["spec"]["template"]["spec"]["hostNetwork"] is True
         if role in ("relay", "main"):
             assert ns.tp_size == 1 and not ns.disable_overlap_schedule, role  # sglang's default loop
+            assert ns.incremental_streaming_output, role  # O(n) stream bytes; MD's stream crosses the WAN
         assert supported.unsupported(cfg, ns) == [], role
         if role == "main":  # MD trusts the relay the router names
             assert cfg.relay_set == {f"tcp://{settings['PDD_RELAY_HOST']}:18500"}

@@ -1,7 +1,8 @@
 """examples/two-site-gpu: the scripts are valid bash (and shellcheck-clean), every flag they pass exists
 in sglang 0.5.23's parser, in `--pdd-*` (config.FLAGS) or in the router's parser, the decode roles run
-TP 1 without the overlap scheduler, the router points at the servers the other scripts start, and the
-secret is only ever a file path (checked on the scripts' dry runs, PDD_DRY_RUN=1)."""
+TP 1 (or 2, asked for) on sglang's default overlap scheduler and stream incrementally, the router points
+at the servers the other scripts start, and the secret is only ever a file path (checked on the
+scripts' dry runs, PDD_DRY_RUN=1)."""
 
 from __future__ import annotations
 
@@ -134,6 +135,24 @@ def test_decode_roles_run_tp1_on_sglangs_default_overlap_scheduler(server_parser
     assert server_parser.parse_args(argv[3:]).tp_size == 2  # P may run TP > 1
     main_argv = one(ROLES["main"], env_file)[1]
     assert opt(main_argv, "--max-running-requests") == "64"  # PDD_MAIN_EXTRA appended
+
+
+def test_decode_roles_stream_incrementally_and_run_tp2_when_asked(server_parser, env_file):
+    for role in ("relay", "main"):
+        _, argv = one(ROLES[role], env_file)
+        assert server_parser.parse_args(argv[3:]).incremental_streaming_output, role  # O(n) stream bytes
+    _, argv = one(ROLES["prefill"], env_file)
+    assert not server_parser.parse_args(argv[3:]).incremental_streaming_output  # P streams nothing
+    for role, var in (("relay", "PDD_RELAY_TP"), ("main", "PDD_MAIN_TP")):
+        _, argv = one(ROLES[role], env_file, **{var: "2"})
+        ns, cfg = parse_server(server_parser, role, argv)
+        assert ns.tp_size == 2 and supported.unsupported(cfg, ns) == [], role
+        if role == "main":  # the packed WAN path runs only at TP 1: off, not refused at start-up
+            assert opt(argv, "--pdd-packed-wan") == "off"
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("PDD_", "SGLANG_PDD_SECRET", "MC_"))}
+        r = subprocess.run(["bash", os.path.join(HERE, ROLES[role])], capture_output=True, text=True, timeout=60,
+                           env={**base, "PDD_ENV": str(env_file), "PDD_DRY_RUN": "1", var: "4"})
+        assert r.returncode == 2 and f"{var}=4" in r.stderr, r.stderr
 
 
 def test_the_router_points_at_the_servers_the_other_scripts_start(env_file):
