@@ -14,6 +14,7 @@ from sglang_pdd.lab.sim.bathtub import bathtub_report, run_bathtub
 from sglang_pdd.lab.sim.calibration import calibrate_cli
 from sglang_pdd.lab.sim.export import paper_json
 from sglang_pdd.lab.sim.metrics import Sla
+from sglang_pdd.lab.sim.never_lose_run import never_lose_report, run_never_lose
 from sglang_pdd.lab.sim.oscillation import oscillation_report, run_oscillation
 from sglang_pdd.lab.sim.paper import PaperSetting, run_paper
 from sglang_pdd.lab.sim.plots import plot_bathtub, plot_oscillation, plot_paper, plot_wan_sweep
@@ -28,7 +29,7 @@ from sglang_pdd.lab.workload.trace import write_jsonl
 
 logger = logging.getLogger(__name__)
 
-SCENARIOS = ("paper", "bathtub", "oscillation", "wan-sweep", "relay-variants", "trace")
+SCENARIOS = ("paper", "bathtub", "oscillation", "wan-sweep", "relay-variants", "trace", "never-lose")
 
 
 def _setting(args: argparse.Namespace) -> PaperSetting:
@@ -39,6 +40,14 @@ def _setting(args: argparse.Namespace) -> PaperSetting:
     if args.seed is not None:
         wl = replace(wl, seed=args.seed)
     return replace(s, wan=wan, sla=sla, workload=wl)
+
+
+def _mooncake_options(ap: argparse.ArgumentParser, args: argparse.Namespace) -> MooncakeOptions:
+    try:
+        return MooncakeOptions(args.trace_from, args.trace_to, args.trace_speedup,
+                               args.trace_length_scale, args.trace_max_context)
+    except ValueError as e:
+        ap.error(f"--trace-*: {e}")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -73,6 +82,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--wan-regimes", action="store_true",
                     help="--scenario trace: run on the four WAN regimes of relay-variants "
                          "(default: the one line of --wan-gbps)")
+    ap.add_argument("--seeds", default="0,1,2",
+                    help="--scenario never-lose: comma-separated seeds (workload and line jitter "
+                         "on the paper workload; line jitter on a --trace) (default: %(default)s)")
     ap.add_argument("--export-trace", metavar="TRACE.jsonl",
                     help="write the paper-scale workload (at --load req/s) as a JSONL trace and exit")
     ap.add_argument("--plots", metavar="DIR", help="write PNG plots (needs matplotlib)")
@@ -96,15 +108,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         write_jsonl(reqs, args.export_trace)
         print(f"wrote {len(reqs)} requests to {args.export_trace}")
         return 0
-    if args.scenario == "trace":
+    if args.scenario == "never-lose":
+        try:
+            seeds = [int(x) for x in args.seeds.split(",")]
+        except ValueError:
+            ap.error(f"--seeds: comma-separated integers, got {args.seeds!r}")
+        tr = load_trace(args.trace, _mooncake_options(ap, args)) if args.trace else None
+        load = "the trace's own rate" if tr else "16 req/s"
+        print((tr.description + "\n") if tr else "", end="")
+        print(never_lose_report(run_never_lose(s, seeds, tr), load))
+    elif args.scenario == "trace":
         if not args.trace:
             ap.error("--scenario trace needs --trace TRACE.jsonl")
-        try:
-            opts = MooncakeOptions(args.trace_from, args.trace_to, args.trace_speedup,
-                                   args.trace_length_scale, args.trace_max_context)
-        except ValueError as e:
-            ap.error(f"--trace-*: {e}")
-        tr = load_trace(args.trace, opts)
+        tr = load_trace(args.trace, _mooncake_options(ap, args))
         systems = args.systems.split(",")
         if args.wan_regimes:
             print(run_trace_regimes(s, tr, systems, goodput=not args.no_goodput))

@@ -71,6 +71,11 @@ class WanLink:
     def active(self) -> int:
         return len(self._active)
 
+    def queued_bytes(self) -> list[float]:
+        """Bytes still to send, per active transfer: the sender's lane state."""
+        self._advance()  # the rate is unchanged, so the pending tick stays exact
+        return [tr.remaining for tr in self._active.values()]
+
     def start(self, nbytes: float, on_done: Callable[[Transfer], None]) -> Transfer:
         self._advance()
         tr = Transfer(self._next_id, nbytes, self.loop.now, on_done)

@@ -1,0 +1,109 @@
+"""`pdd-never-lose`: PDD that relays only where relaying pays (issue 33 item 4, docs/sim.md §9).
+
+The relay is co-located on P (`colocated_relay`: no RLD pool is billed) and shares P's KV pool
+instead of a static share of it. MD is chosen as xdc-pd-drc chooses it. So where nothing is
+relayed the deployment is cross-DC PD with DRC, request for request. The compute split is
+`colocated_relay`'s (`share`, `interference`, only while the relay side decodes). The route
+follows `never_lose_rules`: queue-aware WAN prediction, relay admission from the prefilling P's
+slack, odd traffic on the relay, and MD kept warm by background prompt transfers when the line
+has room. The P is chosen before the route, so the route reads the P that will host the relay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import ClassVar
+
+from sglang_pdd.policy.peer_choice import Candidate
+from sglang_pdd.policy.pipeline import Pipeline
+from sglang_pdd.lab.sim.colocated_relay import ColocatedCluster, ColocatedRelaySpec
+from sglang_pdd.lab.sim.cost_model import Chunk
+from sglang_pdd.lab.sim.lane import LineRateEstimator
+from sglang_pdd.lab.sim.never_lose_rules import Decision, NeverLoseConfig, Observation, decide
+from sglang_pdd.lab.sim.prefill import PrefillJob
+from sglang_pdd.lab.sim.records import RequestRecord
+from sglang_pdd.lab.sim.relay import RequestState
+from sglang_pdd.lab.sim.shared_kv_pool import pool_memory
+from sglang_pdd.lab.sim.systems import PoolSpec, SystemSpec
+from sglang_pdd.lab.workload.request import WorkloadRequest
+
+
+class NeverLoseCluster(ColocatedCluster):
+    def __init__(self, spec, model, eff, *a, **kw):
+        super().__init__(spec, model, eff, *a, **kw)
+        for p, r in zip(self.P, self.R):  # undo the static split: the pool is shared
+            pool_memory(p, r, p.capacity + r.capacity)
+        self.line = LineRateEstimator(spec.wan.bytes_per_s * 0.5)
+        c = spec.chunk_size
+        raw = self.P[0].cost.cost  # P's own rate, not slowed by its relay side
+        self.p_tokens_per_s = c / raw.prefill_step_s([Chunk(c, 0)])
+        self.decisions: dict[str, Decision] = {}
+        self.warm_sent = 0
+        self.warm_bytes = 0.0
+
+    def _md_of(self, w: WorkloadRequest) -> int:
+        """xdc-pd-drc's choice of MD (hit, load, KV usage): what changes is the route, not MD."""
+        cands = [Candidate(d.name, hit=self.drc[i].peek_req(w) if self.drc is not None else 0,
+                           load=d.load, kv_usage=d.kv_usage) for i, d in enumerate(self.D)]
+        return self.md_chooser.choose(cands, w.input_len).index
+
+    def observe(self, w: WorkloadRequest, md_hit: int, p: int) -> Observation:
+        self.line.sample(self.wan.bytes_sent, self.wan.busy_s)
+        return Observation(
+            missed_bytes=(w.input_len - md_hit) * self.kv, output_tokens=w.max_output_tokens,
+            lane_queued=self.wan.queued_bytes(), line_bytes_per_s=self.line.bytes_per_s,
+            flow_bytes_per_s=self.bw.bytes_per_s, rtt_s=self.spec.wan.rtt_s,
+            p_wait_s=self.P[p].queued_tokens / self.p_tokens_per_s,
+            rld_tpot_s=self.policy.cfg.rld_tpot_s)
+
+    def _arrive(self, w: WorkloadRequest) -> None:
+        if w.warmup:
+            super()._arrive(w)
+            return
+        d = self._md_of(w)
+        md_hit = self.drc[d].hit_req(w) if self.drc else 0
+        p = self._pick_p_cached(w) if self.pc is not None else self._pick_p()
+        dec = decide(self.spec.rules, self.observe(w, md_hit, p))
+        self.decisions[w.request_id] = dec
+        p_hit = self.pc[p].hit_req(w) if self.pc is not None else w.prefix_hit_len
+        rec = RequestRecord(w.request_id, w.session_id, w.turn, self.loop.now, w.input_len,
+                            w.max_output_tokens, p_hit, md_hit, dec.pipeline.value, dec.reason,
+                            w.odd)
+        self.records.append(rec)
+        st = RequestState(w, rec)
+        st.d, st.p = d, p
+        self.states[w.request_id] = st
+        st.job = PrefillJob(w.request_id, w.input_len, p_hit)
+        self.P[p].submit(st.job)
+
+    def _prefilled(self, rid: str) -> None:
+        st = self.states[rid]
+        super()._prefilled(rid)
+        dec = self.decisions.pop(rid, None)
+        if dec is not None and dec.pipeline is Pipeline.P_RLD and dec.warm_md:
+            self._warm(st)
+
+    def _warm(self, st: RequestState) -> None:
+        """Send the prompt's missed KV to MD in the background; MD caches it on arrival."""
+        nbytes = (st.w.input_len - st.rec.md_hit) * self.kv
+        self.warm_sent += 1
+        self.warm_bytes += nbytes
+        w, d = st.w, st.d
+        self.wan.start(nbytes, lambda tr: self.drc[d].insert_prompt(w))
+
+
+@dataclass(frozen=True)
+class NeverLoseSpec(ColocatedRelaySpec):
+    rules: NeverLoseConfig = field(default_factory=NeverLoseConfig)
+
+    cluster_class: ClassVar[type] = NeverLoseCluster
+
+
+def never_lose_system(base: SystemSpec, name: str = "pdd-never-lose",
+                      rules: NeverLoseConfig = NeverLoseConfig(), **kw) -> NeverLoseSpec:
+    """`base` (a PDD spec: its pools, line and handoff) with the relay co-located on P and the
+    never-lose routing."""
+    args = {f.name: getattr(base, f.name) for f in fields(SystemSpec)}
+    p = base.prefill
+    args.update(name=name, relay=PoolSpec(p.chip, p.instances, p.chips_per_instance))
+    return NeverLoseSpec(**args, rules=rules, **kw)

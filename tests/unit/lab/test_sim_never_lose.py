@@ -1,0 +1,282 @@
+"""pdd-never-lose (docs/sim.md §9): each routing rule, the lane prediction, and the cluster."""
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from sglang_pdd.policy.pipeline import Pipeline
+from sglang_pdd.lab.workload.generator import generate, measured
+from sglang_pdd.lab.sim.cli import main
+from sglang_pdd.lab.sim.cluster import Cluster
+from sglang_pdd.lab.sim.engine import EventLoop
+from sglang_pdd.lab.sim.hardware import Efficiency
+from sglang_pdd.lab.sim.lane import LineRateEstimator, shared_finish_s
+from sglang_pdd.lab.sim.metrics import Sla
+from sglang_pdd.lab.sim.never_lose import NeverLoseCluster, never_lose_system
+from sglang_pdd.lab.sim.never_lose_rules import NeverLoseConfig, Observation, decide
+from sglang_pdd.lab.sim.never_lose_run import compared_specs
+from sglang_pdd.lab.sim.paper import PaperSetting
+from sglang_pdd.lab.sim.prefill import PrefillJob
+from sglang_pdd.lab.sim.presets import TINY_MODEL, tiny_system, tiny_workload
+from sglang_pdd.lab.sim.relay_regimes import REGIMES
+from sglang_pdd.lab.sim.runner import run, typical_context
+from sglang_pdd.lab.sim.wan import WanLink, WanSpec
+
+MB = 1e6
+LINE = 100 * MB  # bytes/s
+SLA = Sla(ttft_s=2.0, tpot_s=0.05)
+CONGESTED = WanSpec(bandwidth_gbps=0.05, rtt_s=0.02, jitter=0.0)
+ROOMY = WanSpec(bandwidth_gbps=1.0, rtt_s=0.02, jitter=0.0)
+
+
+def obs(**kw) -> Observation:
+    base = dict(missed_bytes=50 * MB, output_tokens=2000, lane_queued=(), line_bytes_per_s=LINE,
+                flow_bytes_per_s=LINE, rtt_s=0.02, p_wait_s=0.0, rld_tpot_s=0.01)
+    base.update(kw)
+    return Observation(**base)
+
+
+# ----- the lane: queue-aware prediction against the simulated line -----
+
+def test_shared_finish_matches_the_fairly_shared_line():
+    """Two transfers already on the line (30 MB and 200 MB left); a new 80 MB one finishes after
+    80 + 30 + 80 MB of line time, as the processor-sharing link computes it."""
+    loop = EventLoop()
+    link = WanLink(loop, WanSpec(bandwidth_gbps=LINE * 8 / 1e9, rtt_s=0.02, jitter=0.0))
+    done = {}
+    link.start(30 * MB, lambda tr: None)
+    link.start(200 * MB, lambda tr: None)
+    predicted = shared_finish_s(80 * MB, link.queued_bytes(), LINE, 0.02)
+    link.start(80 * MB, lambda tr: done.setdefault("t", loop.now))
+    loop.run()
+    assert predicted == pytest.approx(1.9 + 0.02)
+    assert done["t"] == pytest.approx(predicted)
+
+
+def test_queued_bytes_is_what_is_left():
+    loop = EventLoop()
+    link = WanLink(loop, WanSpec(bandwidth_gbps=LINE * 8 / 1e9, rtt_s=0.0, jitter=0.0))
+    link.start(100 * MB, lambda tr: None)
+    loop.at(0.25, lambda: None)
+    loop.run(until=0.25)
+    assert link.queued_bytes() == pytest.approx([75 * MB])
+
+
+def test_line_rate_estimator_follows_the_lane_counters():
+    est = LineRateEstimator(10 * MB, alpha=0.5)
+    est.sample(100 * MB, 1.0)  # 100 MB/s while busy
+    assert est.bytes_per_s == pytest.approx(55 * MB)
+    est.sample(100 * MB + 1, 1.001)  # under min_busy_s: ignored, totals kept for the next one
+    assert est.bytes_per_s == pytest.approx(55 * MB)
+    est.sample(300 * MB, 2.0)
+    assert est.bytes_per_s == pytest.approx(0.5 * 55 * MB + 0.5 * 200 * MB)
+
+
+# ----- the rules, one by one -----
+
+def test_within_budget_goes_p_md():
+    d = decide(NeverLoseConfig(), obs(missed_bytes=50 * MB))  # 0.52 s on an idle line
+    assert d.pipeline is Pipeline.P_MD and d.predicted_wan_s == pytest.approx(0.52)
+
+
+def test_queue_aware_prediction_relays_what_the_idle_line_view_sends():
+    """50 MB alone takes 0.52 s; behind 100 MB queued it takes 1.02 s: over the 1 s budget."""
+    o = obs(lane_queued=(100 * MB,))
+    assert decide(NeverLoseConfig(), o).pipeline is Pipeline.P_RLD_MD
+    assert decide(NeverLoseConfig(queue_aware=False), o).pipeline is Pipeline.P_MD
+
+
+def test_no_relay_on_a_busy_p():
+    o = obs(missed_bytes=500 * MB, p_wait_s=1.5)
+    d = decide(NeverLoseConfig(p_slack_s=1.0), o)
+    assert d.pipeline is Pipeline.P_MD and "slack" in d.reason
+    assert decide(NeverLoseConfig(slack_admission=False), o).pipeline is Pipeline.P_RLD_MD
+    assert decide(NeverLoseConfig(p_slack_s=2.0), o).pipeline is Pipeline.P_RLD_MD
+
+
+def test_odd_traffic_finishes_on_the_relay():
+    d = decide(NeverLoseConfig(), obs(missed_bytes=500 * MB, output_tokens=100))
+    assert d.pipeline is Pipeline.P_RLD
+    long = decide(NeverLoseConfig(), obs(missed_bytes=500 * MB, output_tokens=100, rld_tpot_s=0.1))
+    assert long.pipeline is Pipeline.P_RLD_MD  # decode 10 s > WAN 5 s: not odd
+
+
+def test_odd_traffic_warms_md_only_when_the_line_has_room():
+    cfg = NeverLoseConfig(p_slack_s=10.0)
+    room = decide(cfg, obs(missed_bytes=500 * MB, output_tokens=100, lane_queued=(60 * MB,)))
+    assert room.pipeline is Pipeline.P_RLD and room.warm_md
+    full = decide(cfg, obs(missed_bytes=500 * MB, output_tokens=100, lane_queued=(150 * MB,)))
+    assert full.pipeline is Pipeline.P_RLD and not full.warm_md
+    off = decide(replace(cfg, warm_md=False), obs(missed_bytes=500 * MB, output_tokens=100))
+    assert not off.warm_md
+
+
+def test_config_refuses_negative_budgets():
+    with pytest.raises(ValueError):
+        NeverLoseConfig(wan_budget_s=-1.0)
+
+
+# ----- the cluster -----
+
+@pytest.fixture(scope="module")
+def reqs():
+    return generate(tiny_workload())
+
+
+def _run(spec, reqs):
+    return run(spec, TINY_MODEL, reqs, SLA, tiny_workload().duration_s, drain_s=600.0)
+
+
+def test_bills_p_and_md_only():
+    drc = tiny_system("xdc-pd-drc", wan=ROOMY)
+    nl = never_lose_system(tiny_system("pdd-bw", wan=ROOMY))
+    assert nl.price_per_hour == drc.price_per_hour
+    assert nl.chips_label() == drc.chips_label()
+
+
+def test_on_a_roomy_line_it_is_xdc_pd_drc(reqs):
+    a = _run(never_lose_system(tiny_system("pdd-bw", wan=ROOMY)), reqs)
+    b = _run(tiny_system("xdc-pd-drc", wan=ROOMY), reqs)
+    assert all(r.pipeline == "P->MD" for r in a.records)
+    assert {r.request_id: r.ttft_s for r in a.records} == pytest.approx(
+        {r.request_id: r.ttft_s for r in b.records})
+
+
+def test_congested_line_relays_and_everything_finishes_once(reqs):
+    res = _run(never_lose_system(tiny_system("pdd-bw", wan=CONGESTED)), reqs)
+    c = res.cluster
+    assert sorted(r.request_id for r in res.records) == sorted(r.request_id for r in measured(reqs))
+    assert all(r.finished for r in res.records) and set(c.finish_count.values()) == {1}
+    assert any(r.pipeline != "P->MD" for r in res.records)
+    assert not c.states and not c._tails and not c._orphans
+    assert all(d.used == 0 for d in c.D + c.R) and all(p.used == 0 for p in c.P)
+    # the lane's counters taught the router the line's rate (it starts at half of it)
+    assert c.line.bytes_per_s == pytest.approx(CONGESTED.bytes_per_s, rel=0.02)
+
+
+def test_slack_admission_keeps_busy_ps_from_relaying():
+    """Loaded Ps and no slack allowed: a request whose P has a queue is not relayed."""
+    busy = generate(tiny_workload(request_rate=8.0))
+    strict = NeverLoseConfig(p_slack_s=0.0)
+    res = _run(never_lose_system(tiny_system("pdd-bw", wan=CONGESTED), rules=strict), busy)
+    free = _run(never_lose_system(tiny_system("pdd-bw", wan=CONGESTED),
+                                  rules=replace(strict, slack_admission=False)), busy)
+    relayed = lambda r: sum(x.pipeline != "P->MD" for x in r.records)  # noqa: E731
+    assert relayed(res) < relayed(free)
+    assert any("slack" in x.route_reason for x in res.records)
+
+
+def test_odd_requests_keep_md_warm(reqs):
+    """Odd traffic relayed on a slow line: with warm_md its prompt still reaches MD, so MD's
+    hit for later turns is higher."""
+    wan = WanSpec(bandwidth_gbps=0.1, rtt_s=0.02, jitter=0.0)  # 2-token outputs: all odd
+    odd = [replace(r, max_output_tokens=2) for r in reqs]
+    cfg = NeverLoseConfig(wan_budget_s=0.05, p_slack_s=100.0)
+    warm = _run(never_lose_system(tiny_system("pdd-bw", wan=wan), rules=cfg), odd)
+    cold = _run(never_lose_system(tiny_system("pdd-bw", wan=wan), rules=replace(cfg, warm_md=False)),
+                odd)
+    assert warm.cluster.warm_sent > 0 and cold.cluster.warm_sent == 0
+    assert sum(r.md_hit for r in warm.records) > sum(r.md_hit for r in cold.records)
+
+
+def test_the_route_reads_the_p_that_prefills_the_request():
+    """The P is chosen before the route, and the slack read is that P's queue."""
+    busy = generate(tiny_workload(request_rate=8.0))
+    spec = never_lose_system(tiny_system("pdd-bw", wan=CONGESTED))
+    c = NeverLoseCluster(spec, TINY_MODEL, Efficiency(), context_tokens=typical_context(busy),
+                         tpot_target_s=SLA.tpot_s * 0.8)
+    observed, prefilled, waits = {}, {}, []
+    real_observe = c.observe
+
+    def spy(w, md_hit, p):
+        o = real_observe(w, md_hit, p)
+        observed[w.request_id] = p
+        waits.append((o.p_wait_s, [q.queued_tokens / c.p_tokens_per_s for q in c.P], p))
+        return o
+
+    c.observe = spy
+    for i, inst in enumerate(c.P):
+        inst.submit = (lambda job, i=i, f=inst.submit: (prefilled.setdefault(job.key, i), f(job)))
+    c.run(busy, until=tiny_workload().duration_s + 600.0)
+    assert observed and observed == {k: v for k, v in prefilled.items() if k in observed}
+    assert all(o == pytest.approx(q[p]) for o, q, p in waits)
+    assert any(len(set(q)) > 1 for _, q, _ in waits)  # the Ps' queues differ: the choice matters
+
+
+# ----- the scenario -----
+
+def test_cli_compares_in_every_regime_on_a_trace(tmp_path, capsys):
+    """`--scenario never-lose --trace`: one row per regime and seed, and a verdict per regime."""
+    recs = [{"timestamp": 200 * i, "input_length": 512 * 6 + 100, "output_length": 30 + i,
+             "hash_ids": list(range(4)) + [100 + 2 * i, 101 + 2 * i, 102 + 2 * i]} for i in range(30)]
+    path = tmp_path / "mc.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert main(["--scenario", "never-lose", "--trace", str(path), "--seeds", "0,1"]) == 0
+    out = capsys.readouterr().out
+    assert "30 of 30 Mooncake records" in out
+    for rg in REGIMES:
+        assert sum(line.lstrip().startswith(rg.name) for line in out.splitlines()) == 2 + 1  # 2 seeds + verdict
+    assert out.count("in every seed:") == len(REGIMES)
+
+
+def test_cli_refuses_bad_seeds():
+    with pytest.raises(SystemExit):
+        main(["--scenario", "never-lose", "--seeds", "0,x"])
+
+
+def test_the_relay_side_shares_p_kv_pool():
+    """No static carve-out: P has its whole pool while the relay side holds nothing, the relay's
+    reservations come out of it, and freeing either side lets the other go on."""
+    wl = tiny_workload()
+    ctx = typical_context(generate(wl))
+    drc = Cluster(tiny_system("xdc-pd-drc", wan=ROOMY), TINY_MODEL, Efficiency(),
+                context_tokens=ctx)
+    c = NeverLoseCluster(never_lose_system(tiny_system("pdd-bw", wan=ROOMY)), TINY_MODEL,
+                         Efficiency(), context_tokens=ctx)
+    p, r = c.P[0], c.R[0]
+    pool = drc.P[0].capacity
+    assert p.capacity == pool and r.capacity == pool
+    admitted = []
+    r.admit("a", pool // 2, admitted.append)
+    assert admitted == ["a"] and p.capacity == pool - pool // 2
+    r.admit("b", pool // 2 + 1, admitted.append)  # does not fit beside "a"
+    assert admitted == ["a"]
+    r.release("a")
+    assert admitted == ["a", "b"] and p.capacity == pool - (pool // 2 + 1)
+    done = []
+    p.on_prefilled = done.append
+    job = PrefillJob("j", pool // 2 + 10, 0)
+    p.submit(job)  # stalls on memory: "b" holds more than half
+    c.loop.run()
+    assert done == []
+    r.release("b")  # the relay frees its KV: the P's stalled job goes on
+    c.loop.run()
+    assert done == ["j"]
+    r.admit("c", pool // 2, admitted.append)  # "j" still holds its KV (its transfer is not done)
+    assert admitted[-1] == "b"
+    p.release(job)  # P frees it: the relay's waiting reservation is admitted
+    assert admitted[-1] == "c"
+
+
+def test_md_is_chosen_as_xdc_pd_drc_chooses_it(reqs):
+    """Same hits and loads, same MD: the route is what changes, not the MD choice."""
+    ctx = typical_context(reqs)
+    nl = NeverLoseCluster(never_lose_system(tiny_system("pdd-bw", wan=CONGESTED)), TINY_MODEL,
+                          Efficiency(), context_tokens=ctx)
+    drc = Cluster(tiny_system("xdc-pd-drc", wan=CONGESTED), TINY_MODEL, Efficiency(),
+                  context_tokens=ctx)
+    ms = measured(reqs)
+    for i, w in enumerate(ms):
+        for c in (nl, drc):
+            c.drc[i % 2].insert_prompt(ms[(i * 7) % len(ms)])
+            for j, d in enumerate(c.D):
+                d.used = (i * 37 + j * 11) % 5 * d.capacity // 8  # varied KV usage
+        assert nl._md_of(w) == drc._md_of(w), w.request_id
+
+
+def test_the_scenario_budgets_half_the_ttft_sla():
+    s = PaperSetting()
+    drc, nl = compared_specs(replace(s, sla=replace(s.sla, ttft_s=3.0)))
+    assert drc.name == "xdc-pd-drc" and nl.name == "pdd-never-lose"
+    assert nl.rules.wan_budget_s == 1.5 and nl.price_per_hour == drc.price_per_hour
