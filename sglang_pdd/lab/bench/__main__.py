@@ -1,11 +1,13 @@
 """The agentic benchmark on the two-datacenter testbed.
 
     python -m sglang_pdd.lab.bench --systems same-dc,cross-dc,cross-dc-drc --preset smoke [--out DIR]
+    python -m sglang_pdd.lab.bench --trace FILE [--trace-* ...] ...     (a recorded trace, e.g. Mooncake's)
+    python -m sglang_pdd.lab.bench --base-url URL [--api native|openai] ...   (a running deployment)
 
 Builds the tiny model (cached), brings up the emulated WAN, then for each system starts its servers,
 replays the same trace (same seed), stops them. Writes report.json, report.md,
 calibration-<system>.json, trace.jsonl and the plots into --out (default runs/bench-<preset>-<time>).
-Needs root (network namespaces). See docs/bench.md.
+Needs root (network namespaces), except with --base-url (bench/live.py). See docs/bench.md.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import sys
 import time
 
 from sglang_pdd import thread_names
+from sglang_pdd.lab.bench import workload_args
+from sglang_pdd.lab.bench.live import LiveServerError, run_live
 from sglang_pdd.lab.bench.placement import PLACEMENTS
 from sglang_pdd.lab.bench.plots import write_plots
 from sglang_pdd.lab.bench.presets import PRESETS, get_preset
@@ -58,14 +62,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--omp-wait-policy", default="passive", choices=("passive", "active", "default"),
                     help="OMP_WAIT_POLICY of every server of every system (passive: OpenMP workers sleep at "
                     "their barriers instead of spinning; default: leave it unset)")
+    workload_args.add_arguments(ap)
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    preset = get_preset(args.preset)
     try:
+        workload_args.check(ap, args)
+        preset = workload_args.preset_for(args, get_preset(args.preset))
         systems = parse_systems(args.systems)
     except ValueError as e:
         ap.error(str(e))
@@ -84,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {len(reqs)} requests to {args.export_trace}")
         return 0
 
+    if args.base_url:
+        return _live(args, preset)
     ok, why = netns_supported()
     if not ok:
         print(f"bench: {why} (servers run in the testbed's network namespaces)", file=sys.stderr)
@@ -111,9 +119,32 @@ def main(argv: list[str] | None = None) -> int:
     for s in run.systems:
         if s.error:
             print(f"{s.name} FAILED: {s.error} (logs: {s.log_dir})")
+    _outputs(run, out, paths)
+    return 1 if any(s.error for s in run.systems) else 0
+
+
+def _outputs(run, out: str, paths: dict) -> None:
     names = ", ".join(sorted(os.path.basename(p) for p in paths.values()))
     print(f"\nruntime {run.runtime_s:.0f} s; outputs in {out}: {names}")
-    return 1 if any(s.error for s in run.systems) else 0
+
+
+def _live(args, preset) -> int:
+    """--base-url: the workload against a running deployment, the same report."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    out = args.out or os.path.join("runs", f"bench-live-{preset.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        target = workload_args.live_target(args)
+        run = run_live(target, preset, out, show_progress=not args.no_progress)
+    except (ValueError, LiveServerError) as e:
+        print(f"bench: {e}", file=sys.stderr)
+        return 2
+    paths = write_reports(run, out)
+    if not args.no_plots:
+        paths.update(write_plots(run, out))
+    print()
+    print(text_table([s.summary for s in run.systems if s.summary]))
+    _outputs(run, out, paths)
+    return 1 if any(not r.ok for s in run.systems for r in s.records) else 0
 
 
 if __name__ == "__main__":

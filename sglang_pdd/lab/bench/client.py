@@ -79,11 +79,12 @@ def merge_output_ids(acc: list[int], chunk_ids: list[int]) -> list[int]:
     return acc + chunk_ids
 
 
-def stream(url: str, body: dict, timeout_s: float = 300.0) -> StreamResult:
-    """POST `body` to `url`/generate with streaming on; never raises for a failed request."""
+def stream(url: str, body: dict, timeout_s: float = 300.0, headers: dict | None = None) -> StreamResult:
+    """POST `body` to `url`/generate with streaming on; never raises for a failed request.
+    `headers` are added to the request (e.g. an API key's Authorization)."""
     req = urllib.request.Request(url.rstrip("/") + "/generate",
                                  data=json.dumps({**body, "stream": True}).encode(),
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json", **(headers or {})})
     t0 = time.monotonic()
     ttft, last, ids = None, None, []
     try:

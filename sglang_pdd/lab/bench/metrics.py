@@ -93,7 +93,7 @@ class Summary:
     goodput_requests: int
     goodput_share: float
     goodput_rps: float
-    wan_bytes_per_request: float
+    wan_bytes_per_request: float | None  # None: the link was not counted (--base-url)
     kv_bytes_per_request: float | None
     output_tokens: int
     kv_slices_per_request: float | None = None
@@ -102,7 +102,9 @@ class Summary:
         return asdict(self)
 
 
-def summarize(system: str, records: Sequence[RequestRecord], sla: Sla, wan: WanBytes) -> Summary:
+def summarize(system: str, records: Sequence[RequestRecord], sla: Sla, wan: WanBytes,
+              link_counted: bool = True) -> Summary:
+    """`link_counted=False`: the WAN link's bytes are unknown (a live deployment), reported as None."""
     ok = [r for r in records if r.ok]
     n = len(records)
     window = (max(r.done_s for r in ok) - min(r.sent_s for r in records)) if ok else 0.0
@@ -116,7 +118,7 @@ def summarize(system: str, records: Sequence[RequestRecord], sla: Sla, wan: WanB
         e2e_p50_s=percentile([r.e2e_s for r in ok], 50), window_s=window,
         goodput_requests=good, goodput_share=good / n if n else 0.0,
         goodput_rps=good / window if window > 0 else 0.0,
-        wan_bytes_per_request=wan.total / n if n else 0.0,
+        wan_bytes_per_request=(wan.total / n if n else 0.0) if link_counted else None,
         kv_bytes_per_request=(wan.kv_sent / n if n else 0.0) if wan.kv_sent is not None else None,
         output_tokens=sum(r.output_tokens for r in ok),
         kv_slices_per_request=(wan.kv_slices / n if n else 0.0) if wan.kv_slices is not None else None)

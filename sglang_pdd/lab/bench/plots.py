@@ -1,7 +1,8 @@
 """PNG plots of a benchmark run (matplotlib, imported lazily, Agg backend):
 
 * `ttft_cdf.png`: TTFT CDF per system;
-* `wan_bytes.png`: WAN bytes per request per system (link counters) next to P's KV bytes;
+* `wan_bytes.png`: WAN bytes per request per system (link counters) next to P's KV bytes (not with
+  --base-url: no link counted);
 * `hit_rate.png`: histogram of the trace's per-request prefix-hit rates (the workload's
   configuration made concrete) and of the cached share each system reported.
 """
@@ -48,7 +49,7 @@ def wan_bytes(run, path: str) -> None:
     runs = [s for s in run.systems if s.summary]
     fig, ax = plt.subplots(figsize=(6, 4))
     x = range(len(runs))
-    wan = [s.summary.wan_bytes_per_request / MIB for s in runs]
+    wan = [(s.summary.wan_bytes_per_request or 0.0) / MIB for s in runs]
     kv = [(s.summary.kv_bytes_per_request or 0.0) / MIB for s in runs]
     ax.bar([i - 0.2 for i in x], wan, width=0.4, label="WAN link (both directions)")
     ax.bar([i + 0.2 for i in x], kv, width=0.4, label="KV moved by P (any link)")
@@ -87,7 +88,10 @@ def hit_rate(run, path: str) -> None:
 def write_plots(run, out_dir: str) -> dict[str, str]:
     os.makedirs(out_dir, exist_ok=True)
     out = {}
-    for name, fn in (("ttft_cdf", ttft_cdf), ("wan_bytes", wan_bytes), ("hit_rate", hit_rate)):
+    plots = [("ttft_cdf", ttft_cdf), ("wan_bytes", wan_bytes), ("hit_rate", hit_rate)]
+    if not any(s.summary and s.summary.wan_bytes_per_request is not None for s in run.systems):
+        plots.remove(("wan_bytes", wan_bytes))  # no link counted (--base-url): nothing to plot
+    for name, fn in plots:
         path = os.path.join(out_dir, f"{name}.png")
         fn(run, path)
         out[name] = path

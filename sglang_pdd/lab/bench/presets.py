@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from sglang_pdd.lab.bench.trace_workload import TraceSlice
 from sglang_pdd.lab.workload.distributions import HitBucket, HitHistogram, LengthRange
 from sglang_pdd.lab.workload.generator import WorkloadConfig, generate
 from sglang_pdd.lab.workload.request import WorkloadRequest
@@ -64,10 +65,33 @@ class Preset:
     sla: Sla = field(default_factory=Sla)
     request_timeout_s: float = 300.0
     background: Background | None = None
+    trace: TraceSlice | None = None  # --trace: a recorded trace replaces the generated workload
 
     def requests(self) -> list[WorkloadRequest]:
-        """The trace this preset replays (warm-ups included), see `select`."""
+        """The trace this preset replays (warm-ups included), see `select`; a recorded one's slice
+        with `trace`."""
+        if self.trace is not None:
+            return self.trace.requests()
         return select(generate(self.workload), self.max_sessions, self.max_turns)
+
+    def describe_workload(self) -> str:
+        if self.trace is not None:
+            return self.trace.describe()
+        return (f"preset {self.name}: generated agentic sessions (seed {self.workload.seed}), the first "
+                f"{self.max_sessions} sessions with up to {self.max_turns} turns each")
+
+
+def with_trace(preset: Preset, trace: TraceSlice) -> Preset:
+    """`preset`'s link, SLA and timeout with a recorded trace as the workload."""
+    return replace(preset, name=f"trace-{trace.name}", trace=trace)
+
+
+def with_sla(preset: Preset, ttft_s: float | None, tpot_s: float | None) -> Preset:
+    """`preset` with the SLA targets given (None: the preset's own)."""
+    sla = Sla(ttft_s if ttft_s is not None else preset.sla.ttft_s, tpot_s if tpot_s is not None else preset.sla.tpot_s)
+    if sla.ttft_s <= 0 or sla.tpot_s <= 0:
+        raise ValueError("--ttft-sla and --tpot-sla must be > 0")
+    return replace(preset, sla=sla)
 
 
 def select(reqs: list[WorkloadRequest], max_sessions: int, max_turns: int) -> list[WorkloadRequest]:

@@ -6,8 +6,10 @@ turns' *real* output token IDs in its prompt (as an agent resends its history). 
 sees the same prompts as long as it produces the same greedy outputs. Warm-ups (the context each
 session had before the window) are sent one by one before the window and not measured.
 
-Call `replay`/`warm_up` from a thread inside the client's cluster: the threads it starts inherit
-that network namespace.
+A session's thread starts at its first turn's arrival (the replaying thread sleeps until then), so
+the threads alive are the sessions in progress, not the whole trace (a recorded trace has one session
+per request). Call `replay`/`warm_up` from a thread inside the client's cluster: the threads it starts
+inherit that network namespace.
 """
 
 from __future__ import annotations
@@ -111,10 +113,13 @@ def replay(send: Send, reqs: Sequence[WorkloadRequest], vocab_size: int, timeout
                 records.append(rec)
                 progress.update(1)
 
-    threads = [threading.Thread(target=run_session, args=(turns,), name=f"session-{sid}", daemon=True)
-               for sid, turns in sessions(reqs).items()]
-    for t in threads:
+    threads = []
+    for sid, turns in sorted(sessions(reqs).items(), key=lambda kv: (kv[1][0].arrival_s, kv[0])):
+        time.sleep(max(0.0, t0 + turns[0].arrival_s - time.monotonic()))
+        t = threading.Thread(target=run_session, args=(turns,), name=f"session-{sid}", daemon=True)
         t.start()
+        threads.append(t)
+        threads = [t for t in threads if t.is_alive()]
     for t in threads:
         t.join()
     progress.close()

@@ -12,8 +12,9 @@ import os
 from dataclasses import asdict
 from typing import Sequence
 
-from sglang_pdd.lab.bench import cpu, pdd_report, repeats
+from sglang_pdd.lab.bench import cpu, hit_report, pdd_report, repeats
 from sglang_pdd.lab.bench.metrics import RequestRecord, Summary
+from sglang_pdd.lab.bench.trace_workload import options_text
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ def table_rows(summaries: Sequence[Summary]) -> list[list[str]]:
             _f(s.tpot_p50_s * 1e3 if s.tpot_p50_s == s.tpot_p50_s else None, ".1f"),
             _f(s.tpot_p99_s * 1e3 if s.tpot_p99_s == s.tpot_p99_s else None, ".1f"),
             f"{s.goodput_requests}/{s.requests} ({s.goodput_share:.0%})", _f(s.goodput_rps, ".3f"),
-            _f(s.wan_bytes_per_request / MIB, ".2f"),
+            _f(s.wan_bytes_per_request / MIB if s.wan_bytes_per_request is not None else None, ".2f"),
             _f(s.kv_bytes_per_request / MIB if s.kv_bytes_per_request is not None else None, ".2f"),
             _f(s.kv_slices_per_request, ".0f"), str(s.failed)])
     return rows
@@ -83,16 +84,16 @@ def report_dict(run) -> dict:
     p = run.preset
     return {
         "preset": p.name,
-        "workload": {"seed": p.workload.seed, "hit_histogram": p.workload.hit_histogram.to_spec(),
-                     "max_sessions": p.max_sessions, "max_turns": p.max_turns,
-                     "input_len": asdict(p.workload.input_len), "output_len": asdict(p.workload.output_len)},
+        "workload": workload_dict(p),
         "sla": asdict(p.sla),
         "link": run.testbed,
         "model": run.model_info.get("spec", {}) | {"kv_bytes_per_token": run.model_info.get("kv_bytes_per_token")},
         "trace": os.path.basename(run.trace_path),
         "runtime_s": run.runtime_s,
-        "client": "client threads in cluster A stream /generate from each system's router in A "
-                  "(upstream mini-lb for the baselines, the PDD router for pdd*)",
+        "client": getattr(run, "client", "") or ("client threads in cluster A stream /generate from each "
+                                                 "system's router in A (upstream mini-lb for the baselines, "
+                                                 "the PDD router for pdd*)"),
+        "hit_histogram": hit_report.histograms(run.systems),
         "server_flags": list(getattr(run, "server_flags", ())),
         "placement": getattr(run, "placement", {}),
         "repeats": getattr(run, "repeats", 1),
@@ -108,6 +109,18 @@ def report_dict(run) -> dict:
             "background": s.background or None,
             "requests": [r.to_dict() for r in s.records]} for s in run.systems},
     }
+
+
+def workload_dict(p) -> dict:
+    """What was replayed: the generated preset's knobs, or the recorded trace's slice and scaling."""
+    if p.trace is not None:
+        t = p.trace
+        return {"trace": t.name, "description": t.describe(), "options": options_text(t.options),
+                "max_requests": t.max_requests, "output_cap": t.output_cap}
+    return {"seed": p.workload.seed, "hit_histogram": p.workload.hit_histogram.to_spec(),
+            "max_sessions": p.max_sessions, "max_turns": p.max_turns,
+            "input_len": asdict(p.workload.input_len), "output_len": asdict(p.workload.output_len),
+            "description": p.describe_workload()}
 
 
 def repeat_aggregate(run) -> dict:
@@ -145,7 +158,7 @@ def write_reports(run, out_dir: str) -> dict[str, str]:
     paths["json"] = os.path.join(out_dir, "report.json")
     with open(paths["json"], "w", encoding="utf-8") as f:
         json.dump(rep, f, indent=1)
-    model = tiny_model_spec(run.model_info)
+    model = tiny_model_spec(run.model_info) if run.model_info else None
     for s in run.systems:
         if not s.records:
             continue
@@ -155,16 +168,19 @@ def write_reports(run, out_dir: str) -> dict[str, str]:
                                                 run.testbed, model)), f, indent=1)
         paths[f"calibration-{s.label or s.name}"] = path
     summaries = [s.summary for s in run.systems if s.summary]
-    md = [f"# Benchmark: preset `{run.preset.name}`", "",
+    link = (f"Link: {run.testbed.get('delay_ms')} ms one way, {run.testbed.get('rate_mbit')} Mbit/s. " if run.testbed
+            else f"Client: {getattr(run, 'client', '')}. ")
+    md = [f"# Benchmark: preset `{run.preset.name}`", "", f"Workload: {run.preset.describe_workload()}.", "",
           f"SLA: TTFT <= {run.preset.sla.ttft_s} s and TPOT <= {run.preset.sla.tpot_s * 1e3:.0f} ms. "
-          f"Link: {run.testbed.get('delay_ms')} ms one way, {run.testbed.get('rate_mbit')} Mbit/s. "
-          f"Runtime {run.runtime_s:.0f} s.", "", idle_statement(run), "",
-          f"Placement: {_placement_text(getattr(run, 'placement', {}))}.", ""]
+          f"{link}Runtime {run.runtime_s:.0f} s.", ""]
+    if run.testbed:
+        md += [idle_statement(run), "", f"Placement: {_placement_text(getattr(run, 'placement', {}))}.", ""]
     md += _background_text(run)
     md += [markdown_table(summaries), ""]
     n = getattr(run, "repeats", 1)
     if n > 1:
         md += repeats.markdown(repeat_aggregate(run), getattr(run, "baseline", None), n)
+    md += hit_report.markdown(run.systems)
     md += pdd_report.markdown(run.systems)
     md += cpu.markdown({(s.label or s.name): s.cpu for s in run.systems if s.cpu},
                        {(s.label or s.name): s.summary.window_s for s in run.systems if s.summary})

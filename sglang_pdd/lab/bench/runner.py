@@ -62,6 +62,7 @@ class BenchRun:
     baseline: str | None = None
     server_flags: tuple[str, ...] = ()  # given to every sglang server of every system
     placement: dict = field(default_factory=dict)  # bench.placement.describe()
+    client: str = ""  # where the client ran and what it sent; empty: the testbed's client (report.py)
 
 
 def model_info(model_dir: str) -> dict:
