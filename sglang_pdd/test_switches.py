@@ -39,6 +39,9 @@ class TestKnobs:
     # main: zero the KV of the decode radix-cache prefix a request reuses, once its transfer is done
     # (negative control of the DRC comparison; corrupts the cache: use on servers about to stop)
     corrupt_cached_prefix: bool = False
+    # main (with SGLANG_PDD_TESTING=1): the handoff EXTEND's grammar does not advance over the eager
+    # tokens (negative control of constrained decoding across the handoff)
+    main_skip_grammar_advance: bool = False
 
 
 @dataclass(frozen=True)

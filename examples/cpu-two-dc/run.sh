@@ -114,7 +114,7 @@ if [[ $DRY != 1 ]]; then (umask 077; head -c 32 /dev/urandom | base64 >"$SECRET_
 #    only; sglang's default repeats the whole output every chunk, O(n^2) bytes, and MD's crosses the WAN).
 CPU_FLAGS=(--device cpu --attention-backend torch_native --sampling-backend pytorch --dtype float32
            --max-total-tokens 16384 --mem-fraction-static 0.3 --max-running-requests 8
-           --chunked-prefill-size -1 --page-size 1 --disable-cuda-graph --grammar-backend none
+           --chunked-prefill-size -1 --page-size 1 --disable-cuda-graph --grammar-backend xgrammar
            --disable-overlap-schedule --sleep-on-idle --skip-server-warmup --log-level info --enable-metrics
            --disaggregation-transfer-backend mooncake_tcp --disaggregation-bootstrap-port "$BOOTSTRAP_PORT")
 cpu_env() {  # cpu_env HOST_IP: the environment every sglang server here runs with

@@ -45,7 +45,7 @@ engine = sglang_pdd.Engine(
     model_path=sys.argv[1], tokenizer_path=sys.argv[1], port=31990, nccl_port=31991, device="cpu",
     attention_backend="torch_native", sampling_backend="pytorch", dtype="float32", max_total_tokens=16384,
     mem_fraction_static=0.3, max_running_requests=8, chunked_prefill_size=-1, disable_cuda_graph=True,
-    grammar_backend="none", disable_overlap_schedule=True, pdd_seeded_sampling="on")
+    grammar_backend="xgrammar", disable_overlap_schedule=True, pdd_seeded_sampling="on")
 try:
     out = engine.generate(input_ids=json.loads(sys.argv[2]), sampling_params=json.loads(sys.argv[3]))
     print("RESULT " + json.dumps(out["output_ids"]), flush=True)

@@ -20,8 +20,8 @@ logger = logging.getLogger(__name__)
 
 
 class ControlledMainRuntime(MainRuntime):
-    """MainRuntime under test switches: `drop_eager_kv`, `corrupt_cached_prefix`, `main_gather_handoffs`
-    and `handoff_kernel_cpu`."""
+    """MainRuntime under test switches: `drop_eager_kv`, `corrupt_cached_prefix`, `main_gather_handoffs`,
+    `main_skip_grammar_advance` and `handoff_kernel_cpu`."""
 
     def __init__(self, scheduler, cfg: PddConfig, secret: bytes, switches: TestSwitches,
                  attention: HandoffAttention = ATTENTION):
@@ -54,12 +54,26 @@ class ControlledMainRuntime(MainRuntime):
         return bool(ready) and ready < self.switches.knobs().main_gather_handoffs
 
     def _after_final_extend(self, items: list) -> None:
-        """`drop_eager_kv`: remember the marked requests, and keep their KV out of the radix cache."""
+        """`drop_eager_kv`: remember the marked requests, and keep their KV out of the radix cache.
+        `main_skip_grammar_advance`: undo the grammar's advance over the eager tokens."""
         if self.switches.testing:
             for p in items:
                 if p.drop_eager_kv:
                     p.req.skip_radix_cache_insert = True  # never publish the corrupted KV
                     self._drop_after_extend.append((p.req, len(p.req.origin_input_ids), len(p.req.output_ids)))
+            if self.switches.on and self.switches.knobs().main_skip_grammar_advance:
+                self._skip_grammar_advance(items)
+
+    @staticmethod
+    def _skip_grammar_advance(items: list) -> None:
+        """Negative control: roll the grammar back over the tokens the EXTEND accepted, as if MD skipped
+        them; its vocabulary mask (computed when the batch runs) is then the wrong state's."""
+        for p in items:
+            g = p.req.grammar
+            n = min(len(p.tokens), len(getattr(g, "accepted_tokens", ()))) if g is not None else 0
+            if n:
+                g.rollback(n)
+                logger.warning("sglang-pdd test knob: grammar of %s rolled back over %d eager tokens", p.req.rid, n)
 
     def _discard_eager_kv(self) -> None:
         """Negative control: zero the KV the EXTEND wrote for t1..t(k-1), as if it never ran."""

@@ -53,13 +53,31 @@ def _prepare_req(req, start: int, tokens: list[int], tree_cache, drc: bool, logp
     del req.output_ids[start:]  # a list or an array.array, depending on the sglang build
     req.output_ids.extend(int(t) for t in tokens)
     if req.grammar is not None:
-        for t in tokens:
-            req.grammar.accept_token(int(t))
+        _advance_grammar(req, tokens)
     if req.return_logprob:
         _append_logprobs(req.logprob, tokens, logprobs, skip_first=start == 0)  # P sent t1's logprob
     req.refresh_fill_ids()
     req.prefix_len = n + start
     req.extend_end = n + start + len(tokens)
+
+
+def _advance_grammar(req, tokens: list[int]) -> None:
+    """The request's grammar accepts the eager tokens before the EXTEND's vocabulary mask is built, so
+    t(k+1) is sampled from a single server's grammar state. At start 0 that includes P's t1 (RLD's
+    first token): a held request never passes sglang's `process_prebuilt`, which accepts it on plain
+    PD. A token the grammar refuses ends this request only, as sglang's own prefill and prebuilt paths
+    do (`to_finish`: the EXTEND still runs, sglang's result processing ends it with the error)."""
+    from http import HTTPStatus
+
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    for t in tokens:
+        try:
+            req.grammar.accept_token(int(t))
+        except ValueError as e:
+            req.to_finish = FINISH_ABORT(f"pdd: the request's grammar refused relayed token {int(t)}: "
+                                         f"{str(e).splitlines()[0]}", HTTPStatus.INTERNAL_SERVER_ERROR)
+            return
 
 
 def _append_logprobs(lp, tokens: list[int], logprobs: list[float] | None, skip_first: bool) -> None:

@@ -17,7 +17,10 @@ What it does, each item a verified failure of stock sglang on such a box (see do
   is absent: torch versions of the few ops the CPU text path calls, a clear error for the rest;
 * after ``sglang.srt.disaggregation.mooncake.conn`` imports, sets
   ``MooncakeKVSender.supports_host_tensor_indices = False`` (that path pins host memory, which needs
-  an accelerator).
+  an accelerator);
+* with ``SGLANG_PDD_CPU_AMX_ATTENTION=1``, lets sglang keep ``--attention-backend intel_amx`` on a CPU
+  without AMX (``sglang_pdd.lab.compat.amx_attention``: the backend's two ops in torch; MLA models
+  need it).
 
 Nothing here imports torch or sglang until the module that needs the fix is being imported, so the
 ``.pth`` costs nothing in other processes.
@@ -44,6 +47,7 @@ PTH_LINE = (
     "__import__('sglang_pdd.lab.compat.cpu', fromlist=['activate']).activate()\n"
 )
 MOONCAKE_CONN = "sglang.srt.disaggregation.mooncake.conn"
+RUNTIME_CONTEXT = "sglang.srt.runtime_context"  # SGLANG_PDD_CPU_AMX_ATTENTION=1: keep intel_amx (amx_attention)
 
 
 def _declare_torchvision_ops() -> None:
@@ -62,11 +66,21 @@ def _patch_mooncake_conn(module) -> None:
     module.MooncakeKVSender.supports_host_tensor_indices = False
 
 
+def _claim_amx_attention(module) -> None:
+    from sglang_pdd.lab.compat.amx_attention import claim_amx_attention
+
+    real = any(not isinstance(f, _CpuFinder) and hasattr(f, "find_spec") and f.find_spec("sgl_kernel", None)
+               for f in sys.meta_path)
+    if not real:  # only the stand-in's ops are known to run without AMX
+        claim_amx_attention(module)
+
+
 _KEEP: list = []
 # module name -> (before its code runs, after its code ran)
 _FIXES: dict[str, tuple[Callable | None, Callable | None]] = {
     "torchvision": (_declare_torchvision_ops, None),
     MOONCAKE_CONN: (None, _patch_mooncake_conn),
+    RUNTIME_CONTEXT: (None, _claim_amx_attention),
 }
 
 

@@ -12,6 +12,8 @@ import ctypes
 import torch
 import torch.nn.functional as F
 
+from sglang_pdd.lab.compat import amx_attention
+
 __version__ = "0.0.0+sglang-pdd-cpu-stand-in"
 
 
@@ -92,6 +94,7 @@ def _register_ops() -> None:
     except RuntimeError:  # already defined in this process
         return
     lib.impl("murmur_hash32_cpu", murmur_hash32_cpu, "CPU")
+    amx_attention.register(lib)  # extend_attention_cpu, decode_attention_cpu (the intel_amx backend)
 
     @torch.library.register_fake("sgl_kernel::murmur_hash32_cpu", lib=lib)
     def _(seed, positions, col_indices):

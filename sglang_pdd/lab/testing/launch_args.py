@@ -1,9 +1,10 @@
 """Command lines for real sglang servers and the upstream router on a CPU-only box.
 
 Every flag here is a verified requirement of sglang 0.5.23 on CPU (docs/cpu.md): the torch-native
-attention and sampling backends, fp32, a small static KV pool, no CUDA graphs, no grammar backend,
-no overlap scheduler unless asked (`overlap`; prefill's overlap path calls torch.cuda.Event, a decode server's runs) and `--sleep-on-idle` (without
-it every idle scheduler busy-polls a core, which starves a 2-core box).
+attention and sampling backends, fp32, a small static KV pool, no CUDA graphs, no overlap scheduler unless asked (`overlap`; prefill's overlap path calls torch.cuda.Event, a decode server's runs) and `--sleep-on-idle` (without
+it every idle scheduler busy-polls a core, which starves a 2-core box). Features a user would have on
+stay on: sglang's default grammar backend (xgrammar, whose token bitmask has a CPU kernel) serves
+`json_schema` / `regex` / `ebnf` / `structural_tag` on every test server.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class ServerConfig:
     decode_radix_cache: bool = False
     overlap: bool = False  # sglang's overlap scheduler (its default; on CPU it works for decode only)
     enable_metrics: bool = True
+    api_key: str | None = None  # sglang's --api-key: callers of its API (not /health, /metrics) need it
     extra: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
 
@@ -53,7 +55,7 @@ class ServerConfig:
             "--dtype", "float32", "--max-total-tokens", str(self.max_total_tokens),
             "--mem-fraction-static", "0.3", "--max-running-requests", str(self.max_running_requests),
             "--chunked-prefill-size", str(self.chunked_prefill_size), "--page-size", str(self.page_size),
-            "--disable-cuda-graph", "--grammar-backend", "none",
+            "--disable-cuda-graph", "--grammar-backend", "xgrammar",
             "--sleep-on-idle", "--skip-server-warmup", "--log-level", "info",
         ]
         if not self.overlap:
@@ -62,6 +64,8 @@ class ServerConfig:
             a.append("--enable-metrics")
         if self.nccl_port is not None:
             a += ["--nccl-port", str(self.nccl_port)]
+        if self.api_key is not None:
+            a += ["--api-key", self.api_key]
         if self.mode != "null":
             a += [
                 "--disaggregation-mode", self.mode,
@@ -119,6 +123,7 @@ class PddRouterConfig:
     pipeline: str = "relay"
     extra: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)  # e.g. SGLANG_PDD_SECRET: it signs P's and MD's parameters
+    role_api_key: str | None = None  # the roles' --api-key, given as SGLANG_PDD_ROLE_API_KEY
 
     @property
     def url(self) -> str:
@@ -136,4 +141,5 @@ class PddRouterConfig:
         return a + list(self.extra)
 
     def environ(self) -> dict[str, str]:
-        return {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **self.env}
+        key = {"SGLANG_PDD_ROLE_API_KEY": self.role_api_key} if self.role_api_key is not None else {}
+        return {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **key, **self.env}

@@ -1,6 +1,7 @@
 """A tiny Llama whose greedy output depends on its whole context, and a locally trained tokenizer.
 
     python -m sglang_pdd.lab.testing.tiny_model OUT_DIR [--layers 4 --hidden 512 --heads 8 --kv-heads 8 ...]
+    python -m sglang_pdd.lab.testing.tiny_model OUT_DIR --arch mla   # DeepSeek-V3 MLA (tiny_mla)
 
 Nothing is downloaded: the byte-level BPE tokenizer is trained on a seeded synthetic corpus, the
 weights are constructed from a seed (sglang_pdd.lab.testing.context_model: read heads that each attend to
@@ -26,15 +27,15 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
+from sglang_pdd.lab.testing.chat_templates import CHAT_TEMPLATE, MARKUP_TOKENS, with_plain_markup
 from sglang_pdd.lab.testing.context_model import ContextWeights, construct
 
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>"]
-CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}</s>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-)
+# then the tool/reasoning markers (chat_templates: added tokens, not special); none is ever a greedy choice
+RESERVED_TOKENS = SPECIAL_TOKENS + MARKUP_TOKENS
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 WEIGHTS = ("context", "random")
+ARCHS = ("llama", "mla")  # mla: DeepSeek-V3 attention with a latent KV (sglang_pdd.lab.testing.tiny_mla)
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,8 @@ class TinyModelSpec:
     dtype: str = "float32"
     seed: int = 0
     weights: str = "context"  # context (sglang_pdd.lab.testing.context_model) | random (torch's init)
+    arch: str = "llama"  # llama (MHA) | mla (head_dim is then the rope, nope and v head dims)
+    kv_lora_rank: int = 256  # mla only: the latent KV's width (cached per token beside head_dim of k_rope)
 
     def __post_init__(self):
         if self.heads % self.kv_heads:
@@ -60,15 +63,26 @@ class TinyModelSpec:
             raise ValueError(f"weights must be one of {WEIGHTS}, got {self.weights!r}")
         if self.vocab < 256 + len(SPECIAL_TOKENS):
             raise ValueError(f"vocab must be at least {256 + len(SPECIAL_TOKENS)} (byte-level BPE)")
+        if self.arch not in ARCHS:
+            raise ValueError(f"arch must be one of {ARCHS}, got {self.arch!r}")
+        if self.arch == "mla" and self.kv_heads != self.heads:
+            raise ValueError(f"arch mla has one latent KV for all heads: kv_heads ({self.kv_heads}) must equal "
+                             f"heads ({self.heads})")
 
     @property
     def kv_bytes_per_token(self) -> int:
+        if self.arch == "mla":  # one row per layer: the latent and k_rope
+            return self.layers * (self.kv_lora_rank + self.head_dim) * _DTYPE_BYTES[self.dtype]
         return 2 * self.layers * self.kv_heads * self.head_dim * _DTYPE_BYTES[self.dtype]
 
     def fingerprint(self) -> str:
-        parts = [f"{v}" for v in asdict(self).values()]
+        fields = asdict(self)
+        if self.arch == "llama":  # the MHA model's fingerprint (and cache directory) predate these fields
+            del fields["arch"], fields["kv_lora_rank"]
+        parts = [f"{v}" for v in fields.values()]
         if self.weights == "context":  # the construction's knobs and version are part of the model
             parts.append(hashlib.sha256(repr(ContextWeights()).encode()).hexdigest()[:8])
+        parts.append(hashlib.sha256(repr((RESERVED_TOKENS, CHAT_TEMPLATE)).encode()).hexdigest()[:8])  # the tokenizer
         return "-".join(parts)
 
 
@@ -101,12 +115,12 @@ def build_tokenizer(spec: TinyModelSpec):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=spec.vocab,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=RESERVED_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(_corpus(spec.seed), trainer=trainer)
-    return tok
+    return with_plain_markup(tok)
 
 
 def build(out_dir: str, spec: TinyModelSpec = TinyModelSpec()) -> dict:
@@ -125,6 +139,11 @@ def build(out_dir: str, spec: TinyModelSpec = TinyModelSpec()) -> dict:
     hf_tok.chat_template = CHAT_TEMPLATE
     hf_tok.save_pretrained(out_dir)
 
+    if spec.arch == "mla":
+        from sglang_pdd.lab.testing import tiny_mla
+
+        model = tiny_mla.model(spec, vocab, tok.token_to_id("<s>"), tok.token_to_id("</s>"), len(RESERVED_TOKENS))
+        return _save(out_dir, spec, model, vocab, t0)
     config = LlamaConfig(
         vocab_size=vocab,
         hidden_size=spec.hidden,
@@ -144,8 +163,14 @@ def build(out_dir: str, spec: TinyModelSpec = TinyModelSpec()) -> dict:
     torch.manual_seed(spec.seed)
     model = LlamaForCausalLM(config)
     if spec.weights == "context":
-        state = construct(config, ContextWeights(), spec.seed, special_tokens=len(SPECIAL_TOKENS))
+        state = construct(config, ContextWeights(), spec.seed, special_tokens=len(RESERVED_TOKENS))
         model.load_state_dict({k: v.to(torch.float32) for k, v in state.items()})
+    return _save(out_dir, spec, model, vocab, t0)
+
+
+def _save(out_dir: str, spec: TinyModelSpec, model, vocab: int, t0: float) -> dict:
+    import torch
+
     model = model.to(getattr(torch, spec.dtype)).eval()
     model.save_pretrained(out_dir, safe_serialization=True)
     summary = {
@@ -163,7 +188,7 @@ def build(out_dir: str, spec: TinyModelSpec = TinyModelSpec()) -> dict:
 
 def build_cached(cache_root: str, spec: TinyModelSpec = TinyModelSpec()) -> str:
     """Build once per spec under `cache_root`; return the model directory."""
-    out = os.path.join(cache_root, f"tiny-llama-{spec.fingerprint()}")
+    out = os.path.join(cache_root, f"tiny-{spec.arch}-{spec.fingerprint()}")
     marker = os.path.join(out, "sglang_pdd_tiny_model.json")
     if not os.path.exists(marker):
         tmp = out + f".tmp{os.getpid()}"
@@ -177,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out_dir")
     d = TinyModelSpec()
     for name, default in asdict(d).items():
-        kw = {"choices": sorted(_DTYPE_BYTES)} if name == "dtype" else {"choices": WEIGHTS} if name == "weights" else {}
+        kw = {"dtype": {"choices": sorted(_DTYPE_BYTES)}, "weights": {"choices": WEIGHTS},
+              "arch": {"choices": ARCHS}}.get(name, {})
         p.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default, **kw)
     args = p.parse_args(argv)
     spec = TinyModelSpec(**{k: getattr(args, k) for k in asdict(d)})
