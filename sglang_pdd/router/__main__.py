@@ -27,8 +27,6 @@ import os
 import sys
 from urllib.parse import urlparse
 
-from aiohttp import web
-
 from sglang_pdd.router.cache.kv_subscriber import KvEventSource
 from sglang_pdd.config import ENV_SECRET, ENV_SECRET_FILE, PddConfig
 from sglang_pdd.policy.bandwidth import BandwidthEstimator
@@ -38,8 +36,11 @@ from sglang_pdd.policy.site_links import SiteLinks
 from sglang_pdd.protocol.request_auth import ParamsSigner
 from sglang_pdd.router.admission import ModelLimits
 from sglang_pdd.router.app import RouterApp
+from sglang_pdd.router.client_auth import ENV_API_KEY, keys_from
+from sglang_pdd.router.front_door import FrontDoorConfig
 from sglang_pdd.router.dispatch import PIPELINE_MODES, DispatchConfig, Dispatcher
 from sglang_pdd.router.peers import Peer, PeerPool
+from sglang_pdd.router import role_auth
 
 
 def _peer_args(values: list[list[str]], role: str, default_port: int | None, flag: str) -> list[Peer]:
@@ -134,7 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--load-poll-s", type=float, default=1.0,
                     help="read every server's load gauges (running, queued, KV usage) this often "
                          "(0: the router's own in-flight counts only)")
-    ap.add_argument("--request-timeout", type=float, default=600.0, help="the longest any request may take (s)")
+    ap.add_argument("--request-timeout", type=float, default=600.0,
+                    help="the longest any request may take, migrations included (s; default 600): past it the "
+                         "request ends with a 504, which is not counted against the server that served it")
     for role, default, what in (("prefill", 600.0, "P's reply (it answers once its KV went out)"),
                                 ("relay", 120.0, "RLD's next stream chunk"),
                                 ("main", 180.0, "MD's next stream chunk (its first comes after the handoff: "
@@ -167,7 +170,62 @@ def build_parser() -> argparse.ArgumentParser:
                          "the router did not ask for, an idle deadline) this many times, from its prompt plus "
                          "the tokens already streamed, on a healthy path (0: the client gets the error)")
     ap.add_argument("--health-check-s", type=float, default=2.0,
-                    help="ask each peer out of service for /health this often; a 200 takes it back (0: never)")
+                    help="look at each peer out of service this often (default 2): once its back-off is over, a "
+                         "one-token probe generate it serves takes it back, on probation (0: never; it then gets "
+                         "a try when its back-off is over)")
+    # -- migration limits and idle accounting (router.migration_limits, router.idle_deadline) -----
+    ap.add_argument("--migration-jitter-s", type=float, default=0.1,
+                    help="each migration first waits a random delay up to this (default 0.1; 0: none), so that a "
+                         "dead MD's streams do not all re-prefill on P at once")
+    ap.add_argument("--migration-rate", type=float, default=20.0,
+                    help="migrations per second, all requests together (a token bucket; default 20; 0: no "
+                         "limit); over it a request fails with a 503 instead of migrating")
+    ap.add_argument("--migration-burst", type=int, default=40,
+                    help="migrations the bucket allows at once after a quiet spell (default 40)")
+    ap.add_argument("--idle-per-token-s", type=float, default=1.0,
+                    help="added to a request's idle deadlines for each token its own stream_interval (beyond the "
+                         "first) and its longest stop string (in UTF-8 bytes) may hold a chunk back (default 1)")
+    ap.add_argument(role_auth.FLAG, default=None,
+                    help=f"the key the roles were started with (sglang's --api-key): the router sends it to P, RLD and "
+                         f"MD on every call. Prefer {role_auth.ENV_KEY} or {role_auth.ENV_KEY_FILE} (a command line "
+                         "is visible to `ps`). Default: none (the roles' API is open)")
+    # -- the front door (router.front_door, router.in_flight, router.client_auth) --------------
+    door = FrontDoorConfig()
+    ap.add_argument("--header-timeout-s", type=float, default=door.header_timeout_s,
+                    help="close a connection whose first request line and headers are not complete this long "
+                         f"after it opened (default {door.header_timeout_s:g}; later requests on a kept-alive "
+                         "connection: --keepalive-timeout-s)")
+    ap.add_argument("--body-timeout-s", type=float, default=door.body_timeout_s,
+                    help="answer 408 and close when a request's body has not arrived this long after its headers "
+                         f"(default {door.body_timeout_s:g}; a 64 MB body needs ~17 Mbit/s)")
+    ap.add_argument("--keepalive-timeout-s", type=float, default=door.keepalive_timeout_s,
+                    help="close a kept-alive connection idle (or mid-headers) this long after its last response "
+                         f"(default {door.keepalive_timeout_s:g})")
+    ap.add_argument("--max-connections", type=int, default=door.max_connections,
+                    help="open client connections at most; over it a new one gets 503 with Retry-After and is "
+                         f"closed (default {door.max_connections}: well below a default 65k fd limit, and "
+                         "several connections per request in flight)")
+    ap.add_argument("--max-in-flight", type=int, default=door.max_in_flight,
+                    help="requests served at once (body read, tokenization, generation); over it 503 with "
+                         f"Retry-After (default {door.max_in_flight}: each holds up to --max-body-mb of body and "
+                         "a request on every role; /health and /metrics are not counted)")
+    ap.add_argument("--max-in-flight-per-client", type=int, default=door.max_in_flight_per_client,
+                    help="requests served at once per client (its API key with --api-key, else its address; "
+                         f"behind a proxy, the proxy's); over it 429 with Retry-After (default "
+                         f"{door.max_in_flight_per_client}: a quarter of --max-in-flight, so one client cannot "
+                         "take the router)")
+    ap.add_argument("--tokenizer-threads", type=int, default=4,
+                    help="threads parsing and tokenizing request bodies (default 4)")
+    ap.add_argument("--tokenizer-queue", type=int, default=64,
+                    help="requests waiting for a tokenizer thread at most; over it 503 with Retry-After "
+                         "(default 64: a longer wait means tokenization is the bottleneck and clients should "
+                         "back off)")
+    ap.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                    help=f"clients must send Authorization: Bearer KEY (else 401); may be repeated, one key per "
+                         "client (the per-client cap then counts per key). Prefer the environment variable "
+                         f"{ENV_API_KEY} (one key or several, comma-separated; a command line is visible to "
+                         "`ps`); the flag wins when both are set. /health and /metrics stay open (k8s probes, "
+                         "Prometheus). Default: none (the router is open)")
     ap.add_argument("--log-level", default="info")
     return ap
 
@@ -196,7 +254,12 @@ def _signer(has_relays: bool) -> ParamsSigner | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        role_auth.export(args.role_api_key)  # the dispatcher's session sends it to every role
+    except ValueError as e:
+        raise SystemExit(f"sglang-pdd router: error: {e}") from None
     logging.basicConfig(level=args.log_level.upper(), format="[%(asctime)s] %(name)s: %(message)s")
+    door, api_keys = _front_door(args)
     from transformers import AutoTokenizer
 
     try:
@@ -227,22 +290,42 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--load-poll-s must be >= 0")
         if args.migration_limit < 0:
             raise ValueError("--migration-limit must be 0 or more")
+        if args.idle_per_token_s < 0:
+            raise ValueError("--idle-per-token-s must be 0 or more")
         d = Dispatcher(prefill, relay, main_, DispatchConfig(args.pipeline, args.request_timeout, args.bandwidth_poll_s,
                                                              load_poll_s=args.load_poll_s,
                                                              migration_limit=args.migration_limit,
                                                              health_check_s=args.health_check_s,
-                                                             idle_timeout_s=idle),
+                                                             idle_timeout_s=idle,
+                                                             idle_per_token_s=args.idle_per_token_s,
+                                                             migration_rate_per_s=args.migration_rate,
+                                                             migration_burst=args.migration_burst,
+                                                             migration_jitter_s=args.migration_jitter_s),
                        decode=lambda ids: tok.decode(ids, skip_special_tokens=True), policy=policy,
                        kv_events=kv_events, signer=_signer(bool(relay.peers)))
     except ValueError as e:
         raise SystemExit(f"sglang-pdd router: {e}") from None
     limits = ModelLimits.from_model_dir(args.tokenizer, args.context_length)
     app = RouterApp(d, tok, args.model_name or args.tokenizer.rstrip("/").split("/")[-1], args.default_max_tokens,
-                    limits=limits, max_body_bytes=int(args.max_body_mb * (1 << 20)))
+                    limits=limits, max_body_bytes=int(args.max_body_mb * (1 << 20)), door=door,
+                    api_keys=tuple(api_keys), tokenizer_workers=args.tokenizer_threads,
+                    tokenizer_queue=args.tokenizer_queue)
     logging.getLogger(__name__).info("sglang-pdd router: %d prefill, %d relay, %d main; pipeline %s",
                                      len(prefill.peers), len(relay.peers), len(main_.peers), args.pipeline)
-    web.run_app(app.app, host=args.host, port=args.port, print=None)
+    app.serve(args.host, args.port)
     return 0
+
+
+def _front_door(args) -> tuple[FrontDoorConfig, list[str]]:
+    try:
+        if args.tokenizer_threads < 1 or args.tokenizer_queue < 0:
+            raise ValueError("--tokenizer-threads must be 1 or more, --tokenizer-queue 0 or more")
+        door = FrontDoorConfig(header_timeout_s=args.header_timeout_s, body_timeout_s=args.body_timeout_s,
+                               keepalive_timeout_s=args.keepalive_timeout_s, max_connections=args.max_connections,
+                               max_in_flight=args.max_in_flight, max_in_flight_per_client=args.max_in_flight_per_client)
+        return door, keys_from(args.api_key)
+    except ValueError as e:
+        raise SystemExit(f"sglang-pdd router: error: {e}") from None
 
 
 if __name__ == "__main__":

@@ -61,6 +61,24 @@ UNSUPPORTED = {
 }
 
 
+# Body keys the router does not implement yet, refused (400) on every endpoint rather than dropped
+# silently. Each entry names the values that mean "not asked for" (those pass). To support one, drop
+# its entry here and implement it.
+NOT_YET = {
+    "logprobs": ((None, False), "logprobs is not supported by the PDD router yet (OpenAI logprobs are "
+                                "planned; /generate takes return_logprob)"),
+    "top_logprobs": ((None, 0), "top_logprobs is not supported by the PDD router yet"),
+    "lora_path": ((None,), "lora_path is not supported by the PDD router (every role serves its base model)"),
+}
+
+
+def check_not_yet(body: dict) -> None:
+    for key, (unset, why) in NOT_YET.items():
+        v = body.get(key)
+        if not any(v is u or (type(v) is type(u) and v == u) for u in unset):
+            raise BadRequest(why)
+
+
 @dataclass(frozen=True)
 class ModelLimits:
     vocab_size: int | None = None  # token IDs must be below this

@@ -1,5 +1,8 @@
 """The PDD router's HTTP front: sglang-native /generate, OpenAI /v1/completions and
-/v1/chat/completions (streaming SSE and not), /v1/models, /health, /metrics."""
+/v1/chat/completions (streaming SSE and not), /v1/models, /health, /metrics.
+
+Clients come in through the front door (`router.front_door`: read deadlines, the connection cap;
+`router.client_auth`: API keys; `router.in_flight`: request caps); serve with `RouterApp.serve`."""
 
 from __future__ import annotations
 
@@ -12,93 +15,16 @@ from aiohttp import web
 from sglang_pdd.protocol.reply import KEY as REPLY_KEY, MainChoiceMeta, ReplyMeta
 from sglang_pdd.router import openai_api as oa
 from sglang_pdd.router.admission import BadRequest, ModelLimits
+from sglang_pdd.router import front_door
+from sglang_pdd.router.client_auth import ClientAuth
 from sglang_pdd.router.dispatch import PIPELINE_MODES, Dispatcher, Outcome, RequestFailed
-from sglang_pdd.router.prepare import Prepared, Preparer
+from sglang_pdd.router.front_door import FrontDoor, FrontDoorConfig
+from sglang_pdd.router.in_flight import InFlight
+from sglang_pdd.router.prepare import Busy, Prepared, Preparer
+from sglang_pdd.router.router_metrics import FirstToken, RouterMetrics  # noqa: F401 (RouterMetrics: imported from here)
 from sglang_pdd.router.stitch import Delta
 
 logger = logging.getLogger(__name__)
-
-# TTFT buckets (seconds): a same-site first token is tens of ms, a cold prompt whose KV crosses a slow WAN
-# can take seconds to tens of seconds.
-TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
-
-
-class FirstToken:
-    """Observes one request's time to first token (from its arrival at the router) once, on the first
-    delta that carries tokens; the pipeline label is the one the dispatcher chose."""
-
-    def __init__(self, metrics: "RouterMetrics", outcome: Outcome, t0: float):
-        self.metrics, self.outcome, self.t0, self.seen = metrics, outcome, t0, False
-
-    def tick(self, delta) -> None:
-        if not self.seen and delta.token_ids:
-            self.seen = True
-            pipe = self.outcome.pipeline.value if self.outcome.pipeline else "none"
-            self.metrics.ttft.labels(pipe).observe(time.perf_counter() - self.t0)
-
-
-class RouterMetrics:
-    def __init__(self):
-        from prometheus_client import CollectorRegistry, Counter  # not a declared dependency (sglang brings it)
-
-        self.registry = CollectorRegistry()
-        self.requests = Counter("sglang_pdd_router_requests", "Requests by pipeline and outcome",
-                                ("pipeline", "outcome"), registry=self.registry)
-        self.tokens = Counter("sglang_pdd_router_output_tokens", "Output tokens by source",
-                              ("source",), registry=self.registry)
-        self.handoffs = Counter("sglang_pdd_router_handoffs", "Relay-to-main handoffs by mode",
-                                ("mode",), registry=self.registry)
-        from prometheus_client import Gauge, Histogram
-
-        self.bandwidth = Gauge("sglang_pdd_router_wan_bandwidth_estimate_bytes_per_second",
-                               "The pipeline policy's WAN bandwidth estimate", registry=self.registry)
-        self.avoided = Counter("sglang_pdd_router_wan_bytes_avoided",
-                               "MD's predicted missed KV bytes never sent over the WAN (odd traffic served "
-                               "P->RLD)", ("reason",), registry=self.registry)
-        self.md_choices = Counter("sglang_pdd_router_md_choices", "MainDecode choices by site and the rule "
-                                  "that decided (cache-aware, imbalanced, stale, least-loaded, ...)",
-                                  ("site", "rule"), registry=self.registry)
-        self.md_prompt_tokens = Counter("sglang_pdd_router_md_prompt_tokens", "Prompt tokens sent to MainDecode, "
-                                        "by site and whether the chosen MD held them (hit) or not (miss)",
-                                        ("site", "cached"), registry=self.registry)
-        self.peer_load = Gauge("sglang_pdd_router_peer_load", "Each server's load as the router sees it "
-                               "(the larger of its in-flight count here and its own running + queued gauges)",
-                               ("role", "peer"), registry=self.registry)
-        self.peer_in_flight = Gauge("sglang_pdd_router_peer_in_flight", "This router's requests on each server",
-                                    ("role", "peer"), registry=self.registry)
-        self.migrations = Counter("sglang_pdd_router_migrations", "Requests re-issued after a role's failure, "
-                                  "by cause and outcome (completed, failed; not-migrated: a failure that "
-                                  "ended the request unmigrated)", ("cause", "outcome"), registry=self.registry)
-        self.ttft = Histogram("sglang_pdd_router_ttft_seconds", "Time from a request's arrival at the router "
-                              "to its first output token, by pipeline", ("pipeline",), buckets=TTFT_BUCKETS,
-                              registry=self.registry)
-
-    def chose(self, outcome: Outcome) -> None:
-        mc = outcome.main_choice
-        if mc is None:
-            return
-        site = mc.site or "default"
-        self.md_choices.labels(site, mc.kind).inc()
-        self.md_prompt_tokens.labels(site, "hit").inc(min(mc.hit, mc.prompt_len))
-        self.md_prompt_tokens.labels(site, "miss").inc(max(mc.prompt_len - mc.hit, 0))
-
-    def record(self, outcome: Outcome, ok: bool, n_tokens: int) -> None:
-        pipe = outcome.pipeline.value if outcome.pipeline else "none"
-        self.requests.labels(pipe, "ok" if ok else "error").inc()
-        k = min(outcome.handoff_k or 0, n_tokens)
-        relay_tokens = n_tokens if (outcome.pipeline and outcome.pipeline.value != "P->MD"
-                                    and outcome.handoff_k is None) else k
-        self.tokens.labels("relay").inc(relay_tokens)
-        self.tokens.labels("main").inc(n_tokens - relay_tokens)
-        if outcome.handoff_k is not None:
-            self.handoffs.labels(outcome.handoff_mode or "unknown").inc()
-        for cause in outcome.migrations:
-            self.migrations.labels(cause, "completed" if ok else "failed").inc()
-        if not ok and outcome.unmigrated is not None:
-            self.migrations.labels(outcome.unmigrated, "not-migrated").inc()
-        if ok and outcome.pipeline and outcome.pipeline.value == "P->RLD" and outcome.missed_bytes:
-            self.avoided.labels("odd-traffic" if outcome.reason.startswith("odd") else "relay-only").inc(
-                outcome.missed_bytes)
 
 
 def _sse(obj) -> bytes:
@@ -111,12 +37,20 @@ def _error(status: int, message: str) -> web.Response:
 
 class RouterApp:
     def __init__(self, dispatcher: Dispatcher, tokenizer, model_name: str, default_max_tokens: int = 128,
-                 limits: ModelLimits = ModelLimits(), max_body_bytes: int = 64 << 20):
+                 limits: ModelLimits = ModelLimits(), max_body_bytes: int = 64 << 20,
+                 door: FrontDoorConfig = FrontDoorConfig(), api_keys: tuple[str, ...] = (),
+                 tokenizer_workers: int = 4, tokenizer_queue: int = 64):
         self.d, self.tok, self.model = dispatcher, tokenizer, model_name
         self.default_max_tokens, self.limits = default_max_tokens, limits
         self.metrics = RouterMetrics()
-        self.prep = Preparer(tokenizer, limits, default_max_tokens)
-        app = web.Application(client_max_size=max_body_bytes)
+        self.prep = Preparer(tokenizer, limits, default_max_tokens, tokenizer_workers, tokenizer_queue)
+        self.door = FrontDoor(door, self.metrics)
+        self.in_flight = InFlight(door.max_in_flight, door.max_in_flight_per_client, door.retry_after_s, self.metrics)
+        for name, v in (("connections", door.max_connections), ("in-flight", door.max_in_flight),
+                        ("per-client", door.max_in_flight_per_client), ("tokenizer-queue", self.prep.capacity)):
+            self.metrics.limit.labels(name).set(v)
+        auth = ClientAuth(api_keys, self.metrics)
+        app = web.Application(client_max_size=max_body_bytes, middlewares=[auth.middleware, self.in_flight.middleware])
         app.add_routes([
             web.post("/generate", self.generate), web.post("/v1/completions", self.completions),
             web.post("/v1/chat/completions", self.chat), web.get("/v1/models", self.models),
@@ -129,6 +63,10 @@ class RouterApp:
 
     async def _close_prep(self, _app) -> None:
         self.prep.close()
+
+    def serve(self, host: str, port: int) -> None:
+        """Serve through the front door until SIGINT/SIGTERM."""
+        front_door.serve(self.app, self.door, host, port)
 
     async def health(self, _req):
         """200 while every configured role has a peer in service, else 503; the body lists the peers out."""
@@ -150,19 +88,27 @@ class RouterApp:
             for peer in pool.peers:
                 self.metrics.peer_load.labels(pool.role, peer.url).set(peer.load)
                 self.metrics.peer_in_flight.labels(pool.role, peer.url).set(peer.in_flight)
+                self.metrics.peer_out.labels(pool.role, peer.url).set(1 if peer.health.out_until is not None else 0)
+        self.metrics.open_connections.set(self.door.open)
+        self.metrics.in_flight.set(self.in_flight.total)
+        self.metrics.tokenizer_queue.set(self.prep.pending)
         return web.Response(body=generate_latest(self.metrics.registry), content_type="text/plain")
 
     async def _prepared(self, request, kind: str) -> Prepared | web.Response:
         """The client's body parsed, checked and tokenized off the event loop; an error response for a
-        client error (413 for a body over the limit, else 400)."""
-        try:
-            raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return _error(413, f"the body is over the router's limit of {request.client_max_size} bytes")
+        client error (413 for a body over the limit, 408 for one too slow, else 400); 503 with
+        Retry-After when the tokenizer queue is full."""
+        raw = await front_door.read_body(request, self.door)
+        if isinstance(raw, web.Response):
+            return raw
         try:
             return await self.prep.run(kind, raw)
         except BadRequest as e:
             return _error(400, str(e))
+        except Busy as e:
+            self.metrics.refused.labels("tokenizer-queue").inc()
+            return web.json_response({"error": {"message": str(e), "code": 503}}, status=503,
+                                     headers={"Retry-After": str(self.door.cfg.retry_after_s)})
         except Exception:  # the router's own bug, not the client's: say so, keep serving
             logger.exception("preparing a %s request failed", kind)
             return _error(500, "the router failed to prepare this request")

@@ -19,65 +19,44 @@ import aiohttp
 from sglang_pdd.router.cache.kv_subscriber import KvEventSource
 from sglang_pdd.protocol import room_plan
 from sglang_pdd.protocol.request_auth import ParamsSigner
-from sglang_pdd.protocol.handoff_finish import HandoffFinish
-from sglang_pdd.router import admission, load_feed, migration, upstream
+from sglang_pdd.router import admission, idle_deadline, load_feed, migration, resumed_feeds, upstream
+from sglang_pdd.router.dispatch_config import DispatchConfig
+from sglang_pdd.router.migration_limits import MigrationLimits
 from sglang_pdd.router.peer_health import HealthChecker
 from sglang_pdd.router.peers import Peer, PeerPool
+from sglang_pdd.router.request_failure import RequestFailed, RoleFailure, failure_of, timed_out
 from sglang_pdd.policy.pipeline import Pipeline, PipelinePolicy, RouteInputs
 from sglang_pdd.router.bandwidth_feed import TransferRateFeed
 from sglang_pdd.router.placement import MainChoice, Placement
 from sglang_pdd.router.output_view import OutputView
 from sglang_pdd.router.stitch import Delta, Stitcher, StitchError
+from sglang_pdd.router.stop_watch import StopWatch
 
 logger = logging.getLogger(__name__)
 
 PIPELINE_MODES = ("auto", "relay", "direct")
-
-
-class RequestFailed(RuntimeError):
-    def __init__(self, message: str, status: int = 502):
-        super().__init__(message)
-        self.status = status
-
-
-class RoleFailure(Exception):
-    """A role's failure as the drain met it: `failed` is what the client hears unless it migrates;
-    `cause` is None when it may not migrate (`migration.cause_of`)."""
-
-    def __init__(self, role: str, cause: str | None, failed: RequestFailed):
-        super().__init__(str(failed))
-        self.role, self.cause, self.failed = role, cause, failed
+# Chunks of one role's stream queued for the client at most: past this the role's stream is not read,
+# so a slow client pushes back on the role over TCP instead of growing the router's memory.
+QUEUE_CHUNKS = 64
+__all__ = ["PIPELINE_MODES", "Attempt", "DispatchConfig", "Dispatcher", "Outcome", "RequestFailed", "RoleFailure"]
 
 
 @dataclass
 class Attempt:
     """One try at a request: its pipeline and peers (role -> peer, None where not used); a migrated
-    one goes on after `prefix`, the tokens the client already has."""
+    one goes on after `prefix`, the tokens the client already has. `deadline` (the event loop's clock):
+    the request's end by --request-timeout, over all its attempts; `idle_extra_s`: what the client's
+    own parameters add to each idle deadline (`idle_deadline`)."""
 
     pipeline: Pipeline
     peers: dict[str, Peer | None]
     prefix: list[int] = field(default_factory=list)
     migrated: bool = False
+    deadline: float = float("inf")
+    idle_extra_s: float = 0.0
 
 
 ROLES = ("prefill", "relay", "main")
-
-
-@dataclass
-class DispatchConfig:
-    pipeline: str = "auto"
-    request_timeout_s: float = 600.0
-    bandwidth_poll_s: float = 2.0  # read P's completed-transfer counters this often (0: never)
-    load_poll_s: float = 1.0  # read every peer's load gauges this often (0: never; in-flight counts only)
-    migration_limit: int = 1  # migrations per request after a role's failure (0: none)
-    health_check_s: float = 2.0  # ask ejected peers for /health this often (0: never)
-    # Longest wait for a role's next chunk (P: for its one reply). MD's first chunk comes only after
-    # its KV landed and it took over from RLD, so its deadline must outlast the handoff timeout.
-    idle_timeout_s: dict[str, float] = field(default_factory=lambda: {"prefill": 600.0, "relay": 120.0,
-                                                                       "main": 180.0})
-
-    def idle(self, role: str) -> float:
-        return min(self.idle_timeout_s.get(role, self.request_timeout_s), self.request_timeout_s)
 
 
 @dataclass
@@ -110,6 +89,7 @@ class Dispatcher:
         self.prefill, self.relay, self.main, self.cfg = prefill, relay, main, cfg
         self.decode, self.policy = decode, policy
         self.signer = signer  # signs P's and MD's PDD parameters (protocol.request_auth); None: unsigned
+        self.migration_limits = MigrationLimits(cfg.migration_rate_per_s, cfg.migration_burst, cfg.migration_jitter_s)
         # MD's cache: exact from its KV events where given (peer URL -> source), else approximate
         self.placement = Placement(prefill, relay, main, policy, kv_events)
         self.views, self.kv_subscribers = self.placement.views, self.placement.kv_subscribers
@@ -118,7 +98,9 @@ class Dispatcher:
         self._releasing: set[asyncio.Task] = set()  # requests' clean-ups (see generate)
 
     async def start(self) -> None:
-        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        from sglang_pdd.router import role_auth  # every call to a role carries the router's key
+
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), headers=role_auth.headers())
         for sub in self.kv_subscribers:
             sub.start()
         if self.cfg.health_check_s > 0:
@@ -181,26 +163,31 @@ class Dispatcher:
             raise RequestFailed(str(e), status=503) from None
         if rld is not None:
             outcome.rld_in_flight = rld.in_flight
-        a = Attempt(chosen, {"prefill": p, "relay": rld, "main": md})
+        a = Attempt(chosen, {"prefill": p, "relay": rld, "main": md},
+                    deadline=asyncio.get_running_loop().time() + self.cfg.request_timeout_s,
+                    idle_extra_s=idle_deadline.allowance_s(self.cfg.idle_per_token_s, sampling_params))
         stitcher = Stitcher(self.decode) if rld is not None else Stitcher(self.decode).direct()
         lp: list = []
+        watch = StopWatch(sampling_params.get("stop"), self.decode)  # a stop string across a migration
         while a is not None:
             try:
-                async for d in self._attempt(a, input_ids, sampling_params, extra, outcome, stitcher, lp):
+                async for d in self._attempt(a, input_ids, sampling_params, extra, outcome, stitcher, lp, watch):
                     yield d
                 return
             except RoleFailure as f:
                 a = self._migrate(f, a, input_ids, sampling_params, outcome, stitcher, lp, mode=pipeline)
-        # nothing was left to generate: the client's request ends at its length
-        yield stitcher.feed_main(list(stitcher.ids), {"type": "length",
-                                                       "length": int(sampling_params.get("max_new_tokens") or 128)})
+                if a is not None:
+                    watch.arm(stitcher.ids)
+                    await self.migration_limits.wait()  # spread a dead MD's streams over P
+        # nothing was left to generate: the client's request ends at its length, after what it has
+        yield stitcher.end({"type": "length", "length": int(sampling_params.get("max_new_tokens") or 128)})
 
     def _migrate(self, f: "RoleFailure", a: "Attempt", input_ids: list[int], sampling_params: dict,
                  outcome: Outcome, stitcher: Stitcher, lp: list, mode: str | None = None) -> "Attempt | None":
         """The next attempt after `f`, or raise its failure; None: nothing is left to generate. `mode`:
         the request's pipeline mode (auto, relay, direct), for a migration that may relay."""
         peer = a.peers.get(f.role)
-        if peer is not None and f.cause == "idle":  # the others were counted where they happened (_run)
+        if peer is not None and f.cause == "idle" and f.silent:  # the others were counted where they happened (_run)
             peer.health.failed()
         if f.cause is not None and migration.resumed_request([], sampling_params, stitcher.ids) is None:
             return None  # the client has every token it asked for: nothing to migrate
@@ -219,6 +206,10 @@ class Dispatcher:
             outcome.unmigrated = f.cause
             logger.info("not migrating after %s failed (%s): %s", f.role, f.cause, d.reason)
             raise f.failed
+        if not self.migration_limits.take():
+            outcome.unmigrated = f.cause
+            logger.warning("not migrating after %s failed (%s): %s", f.role, f.cause, self.migration_limits.refusal())
+            raise RequestFailed(f"{f.failed}; not migrated: {self.migration_limits.refusal()}", status=503)
         logger.info("migrating after %s failed (%s) with %d tokens sent: %s, %s", f.role, f.cause,
                     len(stitcher.ids), d.pipeline.value, d.reason)
         outcome.migrations.append(f.cause)
@@ -239,10 +230,11 @@ class Dispatcher:
         outcome.migration_pipelines.append(pipe.value)
         stitcher.resume(relayed=pipe is Pipeline.P_RLD_MD)
         del lp[len(stitcher.ids):]
-        return Attempt(pipe, peers, prefix=list(stitcher.ids), migrated=True)
+        return Attempt(pipe, peers, prefix=list(stitcher.ids), migrated=True, deadline=a.deadline,
+                       idle_extra_s=a.idle_extra_s)
 
     async def _attempt(self, a: "Attempt", input_ids: list[int], sampling_params: dict, extra: dict,
-                       outcome: Outcome, stitcher: Stitcher, lp: list) -> AsyncIterator[Delta]:
+                       outcome: Outcome, stitcher: Stitcher, lp: list, watch: StopWatch) -> AsyncIterator[Delta]:
         """One try at the request on `a`'s peers; a migrated one goes on from `a.prefix`."""
         p, rld, md = a.peers["prefill"], a.peers["relay"], a.peers["main"]
         ids, sp = (list(input_ids), dict(sampling_params)) if not a.migrated else \
@@ -252,26 +244,29 @@ class Dispatcher:
                               a.pipeline, p.host, p.bootstrap_port, rld.token_channel if rld is not None else None,
                               rooms=rooms, rid=f"pdd-{rooms[0]:x}", signer=self.signer)
         calls = [(name, a.peers[name], body) for name, body in plan.bodies.items()]
-        queues, tasks = self._start(calls)
+        queues, tasks = self._start(calls, a.deadline)
         feed_relay, feed_main = stitcher.feed_relay, stitcher.feed_main
         if a.migrated:
-            feed_relay, feed_main = self._continued(stitcher, len(a.prefix), relayed=a.pipeline is Pipeline.P_RLD_MD)
+            feed_relay, feed_main = resumed_feeds.feeds(stitcher, len(a.prefix), a.pipeline is Pipeline.P_RLD_MD, watch)
         try:
             if rld is not None:
-                async for d in self._drain("relay", queues["relay"], feed_relay, lp, len(a.prefix)):
+                async for d in self._drain("relay", queues["relay"], feed_relay, lp, a, rld):
                     yield d
-                if stitcher.done:  # the relay finished the request itself
+                if stitcher.done:  # the relay finished the request itself (or the router ended it there)
+                    del lp[len(stitcher.ids):]
                     outcome.output_logprobs = lp or None
-                    if a.pipeline is Pipeline.P_RLD_MD:  # MD keeps landing its KV: the next turn hits it
+                    if a.pipeline is Pipeline.P_RLD_MD and not stitcher.ended_here:  # MD keeps landing its KV
                         # P's copy too: P answers only once MD's part is done, and aborting it would
                         # fail MD's transfer.
-                        self._leave_running([t for (name, _, _), t in zip(calls, tasks) if name in ("main", "prefill")])
+                        self._leave_running([t for (name, _, _), t in zip(calls, tasks) if name in ("main", "prefill")],
+                                            [queues["main"]])
                         self.placement.landed(md, input_ids)  # MD gets the prompt, not RLD's output
                     return
                 if outcome.handoff_k is None:  # the first handoff (a migrated P->RLD->MD copy has its own)
                     outcome.handoff_k, outcome.handoff_mode = stitcher.handoff_k, stitcher.handoff_mode
-            async for d in self._drain("main", queues["main"], feed_main, lp, len(a.prefix)):
+            async for d in self._drain("main", queues["main"], feed_main, lp, a, md):
                 yield d
+            del lp[len(stitcher.ids):]  # a stop the router found may end a chunk early (stop_watch)
             outcome.output_logprobs = lp or None
             self.placement.landed(md, list(input_ids) + stitcher.ids)
         finally:
@@ -282,26 +277,13 @@ class Dispatcher:
             release.add_done_callback(self._releasing.discard)
             await asyncio.shield(release)
 
-    @staticmethod
-    def _continued(stitcher: Stitcher, offset: int, relayed: bool):
-        """A resumed copy's feeds (relay, main): its output follows the `offset` tokens the client has
-        (`Stitcher.resume`), a length finish counts from the client's start. Only a relayed copy
-        (P->RLD->MD) may hand off."""
-        def feed_main(output_ids: list[int], reason: dict | None) -> Delta:
-            if HandoffFinish.from_finish(reason) is not None:
-                raise StitchError("a handoff from a migrated copy that has no relay")
-            return stitcher.feed_main(output_ids, migration.continued_finish(reason, offset))
-
-        def feed_relay(output_ids: list[int], reason: dict | None) -> Delta:  # a handoff finish passes unchanged
-            return stitcher.feed_relay(output_ids, migration.continued_finish(reason, offset))
-        return (feed_relay if relayed else feed_main), feed_main
-
-    def _start(self, calls: list[tuple[str, Peer, dict]]) -> tuple[dict[str, asyncio.Queue], list[asyncio.Task]]:
+    def _start(self, calls: list[tuple[str, Peer, dict]],
+               deadline: float) -> tuple[dict[str, asyncio.Queue], list[asyncio.Task]]:
         """One task per role's copy; RLD's and MD's chunks go to a queue each. P's failure ends the
         request too (it goes to every queue): without P's KV no role can go on."""
-        queues = {name: asyncio.Queue() for name, _, _ in calls if name != "prefill"}
-        tasks = [asyncio.create_task(self._run(name, peer, body, [queues[name]] if name in queues else list(queues.values())))
-                 for name, peer, body in calls]
+        queues = {name: asyncio.Queue(maxsize=QUEUE_CHUNKS) for name, _, _ in calls if name != "prefill"}
+        tasks = [asyncio.create_task(self._run(name, peer, body, [queues[name]] if name in queues
+                                               else list(queues.values()), deadline)) for name, peer, body in calls]
         return queues, tasks
 
     async def _release(self, calls: list[tuple[str, Peer, dict]], tasks: list[asyncio.Task], done: bool) -> None:
@@ -316,59 +298,86 @@ class Dispatcher:
                                  return_exceptions=True)
         await asyncio.gather(*(t for _, _, t in mine), return_exceptions=True)
 
-    def _leave_running(self, tasks: list[asyncio.Task]) -> None:
-        """Let these requests finish on their own (bounded by the request timeout); nobody reads them."""
+    def _leave_running(self, tasks: list[asyncio.Task], queues: list[asyncio.Queue]) -> None:
+        """Let these requests finish on their own (bounded by the request timeout); nobody reads them:
+        their queues are emptied once, which wakes a copy blocked on a full one, and it queues no more."""
         for t in tasks:
             self._background.add(t)
             t.add_done_callback(self._background.discard)
+        for q in queues:
+            while not q.empty():
+                q.get_nowait()
 
-    async def _run(self, role: str, peer: Peer, body: dict, to: list[asyncio.Queue]) -> None:
+    async def _run(self, role: str, peer: Peer, body: dict, to: list[asyncio.Queue], deadline: float) -> None:
         """One role's copy: its chunks go to its queue; however it fails, the failure goes to every
-        queue in `to`, so that whoever drains one ends the client's request instead of waiting."""
+        queue in `to`, so that whoever drains one ends the client's request instead of waiting. The
+        request's deadline ending it is the client's 504, not the peer's failure."""
+        loop, mark = asyncio.get_running_loop(), peer.health.progress
         peer.in_flight += 1
         try:
             if role == "prefill":  # P answers once its KV went out; its reply carries nothing the client sees
                 await upstream.post_json(self.session, role, peer.url, "/generate", body,
-                                         self.cfg.idle(role))
+                                         max(0.001, min(self.cfg.idle(role), deadline - loop.time())))
+                peer.health.progressed()
                 peer.health.succeeded()
                 return
-            async for chunk in upstream.stream_generate(self.session, role, peer.url, body, self.cfg.request_timeout_s):
-                await to[0].put(chunk)
+            left = max(0.001, deadline - loop.time())
+            async for chunk in upstream.stream_generate(self.session, role, peer.url, body, left):
+                peer.health.progressed()
+                if asyncio.current_task() not in self._background:  # a full queue stops reading the role
+                    await to[0].put(chunk)
             peer.health.succeeded()
         except Exception as e:
-            if isinstance(e, upstream.UpstreamError):
-                self._count_failure(peer, e)
+            if isinstance(e, upstream.UpstreamError) and e.kind == "timeout" and loop.time() >= deadline - 0.01:
+                e = timed_out(self.cfg.request_timeout_s)
+            elif isinstance(e, upstream.UpstreamError):
+                self._count_failure(peer, e, silent=idle_deadline.silent(mark, peer.health.progress))
                 logger.info("%s copy of %s ended with %s", role, body.get("rid"), e)
             else:
                 logger.exception("%s copy of %s failed", role, body.get("rid"))
             for q in to:
-                q.put_nowait(e)
+                if asyncio.current_task() not in self._background:
+                    await q.put(e)
         finally:
             peer.in_flight -= 1
 
-    def _count_failure(self, peer: Peer, e: "upstream.UpstreamError") -> None:
+    def _count_failure(self, peer: Peer, e: "upstream.UpstreamError", silent: bool = True) -> None:
         """A copy that failed on its own counts against its peer's health; not a client's error (4xx),
-        not a copy left to finish in the background (RLD's Finished aborts MD's)."""
+        not a copy left to finish in the background (RLD's Finished aborts MD's), not P's late reply
+        while P answered others (`idle_deadline`)."""
         if asyncio.current_task() in self._background or migration.cause_of(e) is None:
+            return
+        if e.kind == "timeout" and not silent:
             return
         if peer.health.failed(unreachable=e.kind == "unreachable"):
             logger.warning("%s %s is out of service after %d failures in a row", e.role, peer.url,
                            peer.health.failures)
 
-    async def _drain(self, role: str, q: asyncio.Queue, feed, lp: list, lp_offset: int = 0) -> AsyncIterator[Delta]:
-        """`lp_offset`: the client's tokens before this copy's output (a migrated copy)."""
-        idle, started = self.cfg.idle(role), False
+    async def _drain(self, role: str, q: asyncio.Queue, feed, lp: list, a: Attempt, peer: Peer) -> AsyncIterator[Delta]:
+        """`peer`: the role's, whose silence the idle deadline measures; `a.prefix`: the client's tokens
+        before this copy's output (a migrated copy)."""
+        loop, lp_offset, started = asyncio.get_running_loop(), len(a.prefix), False
+        idle = self.cfg.idle(role) + a.idle_extra_s
         output = OutputView()  # this copy's whole output, streamed cumulatively or as deltas
         while True:
-            try:  # a chunk already waiting needs no timer (wait_for costs a task per call)
-                item = q.get_nowait() if not q.empty() else await asyncio.wait_for(q.get(), idle)
-            except TimeoutError:
-                raise RoleFailure(role, "idle", RequestFailed(f"{role}: no output for {idle:g}s", status=504)) from None
+            if not q.empty():  # a chunk already waiting needs no timer (wait_for costs a task per call)
+                item = q.get_nowait()
+            else:
+                left, mark = a.deadline - loop.time(), peer.health.progress
+                try:
+                    item = await asyncio.wait_for(q.get(), max(0.0, min(idle, left)))
+                except TimeoutError:
+                    if left <= idle:
+                        raise timed_out(self.cfg.request_timeout_s) from None
+                    raise RoleFailure(role, "idle", RequestFailed(f"{role}: no output for {idle:g}s", status=504),
+                                      silent=idle_deadline.silent(mark, peer.health.progress)) from None
+            if isinstance(item, RequestFailed):  # the request's deadline, met by a role's copy
+                raise item
             if isinstance(item, Exception):
                 failed_role = getattr(item, "role", role)
                 if role == "relay" and started and failed_role == "prefill":
                     continue  # RLD has its KV and streams on; P's failure is MD's (its queue has it too)
-                raise RoleFailure(failed_role, migration.cause_of(item), _failure(item))
+                raise RoleFailure(failed_role, migration.cause_of(item), failure_of(item))
             started = True
             meta = item.get("meta_info") or {}
             reason = meta.get("finish_reason")
@@ -384,17 +393,9 @@ class Dispatcher:
                 lp.extend(got[len(lp) - lp_offset:])
             if delta.token_ids or delta.text or delta.finish_reason:
                 yield delta
-            if reason is not None:
+            if reason is not None or delta.finish_reason is not None:
                 return
 
 
 def _all_out(pool: PeerPool) -> bool:
     return bool(pool.peers) and len(pool.out()) == len(pool.peers)
-
-
-def _failure(e: Exception) -> RequestFailed:
-    """What the client hears of a role's failure: its 4xx as is, anything else 502; never a URL."""
-    if isinstance(e, upstream.UpstreamError):
-        status = e.status if e.status is not None and 400 <= e.status < 500 else 502
-        return RequestFailed(e.public, status=status)
-    return RequestFailed(f"internal error talking to an upstream server ({type(e).__name__})", status=502)

@@ -13,8 +13,9 @@ Paths (pure choice, from which roles have a peer in service):
   MD (`may_relay`): P->RLD->MD where the new MD misses much of the prompt plus what was sent (RLD,
   next to P, goes on at once while the KV crosses the WAN: the migration costs a prefill, not a WAN
   transfer), P->MD where it holds it; else P->RLD alone; else P->MD on the same MD (it may be back).
-  After a stall (no chunk within the idle deadline, or the request timeout) only an MD at another
-  site counts as another MD: the WAN to the stalled MD's site may be down, and RLD is next to P.
+  After a stall (no chunk within the idle deadline) only an MD at another site counts as another
+  MD: the WAN to the stalled MD's site may be down, and RLD is next to P. (The request's total
+  timeout is the client's: it is not migrated.)
 * RLD failed (before its handoff): P->MD (MD held the request's KV: its radix cache makes the new
   transfer cheap); else P->RLD on another relay.
 * P failed: another P, on the pipeline the policy picks (`may_relay`), or P->RLD when no MD is in

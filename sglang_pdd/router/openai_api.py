@@ -22,6 +22,23 @@ SAMPLING_KEYS = {  # OpenAI name -> sglang sampling_params name
 }
 
 
+MAX_MODEL_CHARS = 256  # the client's `model`, echoed in every response and chunk
+
+
+def check_request(req: dict) -> None:
+    """The OpenAI body's own keys (not sampling): `model` a string of bounded length, `stream_options`
+    an object whose include_usage is true or false."""
+    model = req.get("model")
+    if model is not None and (not isinstance(model, str) or len(model) > MAX_MODEL_CHARS):
+        raise BadRequest(f"model must be a string of at most {MAX_MODEL_CHARS} characters")
+    opts = req.get("stream_options")
+    if opts is not None:
+        if not isinstance(opts, dict):
+            raise BadRequest(f"stream_options must be a JSON object, got {type(opts).__name__}")
+        if opts.get("include_usage") is not None and not isinstance(opts["include_usage"], bool):
+            raise BadRequest("stream_options.include_usage must be true or false")
+
+
 def sampling_params(req: dict, default_max_tokens: int, limits: ModelLimits = ModelLimits()) -> dict:
     n = req.get("n", 1)
     if n is not None and n != 1:

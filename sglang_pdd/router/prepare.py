@@ -6,6 +6,10 @@ takes seconds, which on the loop would stall every stream the router serves. Bot
 few worker threads, each with its own copy of the tokenizer (a fast tokenizer is not safe to share
 between threads), so that one huge prompt does not hold up everyone else's. A text whose length
 alone proves it longer than the model's context is refused before it is tokenized.
+
+The work waiting for those threads is bounded (`max_queue`, --tokenizer-queue): past it a request is
+refused at once (`Busy`: the router answers 503 with Retry-After) instead of queueing without end. A
+job whose client went away before a thread took it is dropped from the queue.
 """
 
 from __future__ import annotations
@@ -18,12 +22,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from sglang_pdd.router import openai_api as oa
-from sglang_pdd.router.admission import BadRequest, ModelLimits, check_prompt, check_sampling
+from sglang_pdd.router.admission import BadRequest, ModelLimits, check_not_yet, check_prompt, check_sampling
 
 
 def _refuse_constant(name: str):
     """NaN and Infinity are not JSON (Python's parser takes them): a client's NaN must not reach a role."""
     raise BadRequest(f"the body is not valid JSON: {name} is not a number JSON allows")
+
+
+class Busy(RuntimeError):
+    """Every tokenizer thread is busy and the queue is full: the router answers 503 with Retry-After."""
 
 
 @dataclass
@@ -43,8 +51,11 @@ def longest_token_chars(tokenizer) -> int | None:
 
 
 class Preparer:
-    def __init__(self, tokenizer, limits: ModelLimits, default_max_tokens: int, workers: int = 4):
+    def __init__(self, tokenizer, limits: ModelLimits, default_max_tokens: int, workers: int = 4,
+                 max_queue: int = 64):
         self._tok, self.limits, self.default_max_tokens = tokenizer, limits, default_max_tokens
+        self.capacity = workers + max_queue  # jobs running or waiting, at most
+        self._pending, self._pending_lock = 0, threading.Lock()
         self._local = threading.local()
         longest = longest_token_chars(tokenizer) if limits.context_len else None
         # margin 4: normalizers may drop characters, so a token can stand for more than its text
@@ -60,8 +71,29 @@ class Preparer:
         return tok
 
     async def run(self, kind: str, raw: bytes) -> Prepared:
-        """kind: generate (sglang-native), completions or chat (OpenAI). Raises BadRequest."""
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self.prepare, kind, raw)
+        """kind: generate (sglang-native), completions or chat (OpenAI). Raises BadRequest, or Busy
+        when the queue is full."""
+        with self._pending_lock:
+            if self._pending >= self.capacity:
+                raise Busy(f"the router's tokenizer queue is full ({self.capacity} requests being parsed "
+                           "or waiting; --tokenizer-queue); retry later")
+            self._pending += 1
+        try:
+            job = self._pool.submit(self.prepare, kind, raw)
+        except RuntimeError:  # shut down
+            self._job_done(None)
+            raise
+        job.add_done_callback(self._job_done)  # also when cancelled before it ran (its waiter went away)
+        return await asyncio.wrap_future(job)
+
+    def _job_done(self, _job) -> None:
+        with self._pending_lock:
+            self._pending -= 1
+
+    @property
+    def pending(self) -> int:
+        """Jobs running or waiting for a thread."""
+        return self._pending
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -75,6 +107,7 @@ class Preparer:
                              + (" (nested too deeply)" if isinstance(e, RecursionError) else "")) from None
         if not isinstance(body, dict):
             raise BadRequest("the body must be a JSON object")
+        check_not_yet(body)
         if kind == "generate":
             sp = body.get("sampling_params")
             sp = dict(check_sampling({} if sp is None else sp, self.limits))
@@ -89,6 +122,7 @@ class Preparer:
             if not isinstance(ids, list) or not ids:
                 raise BadRequest("input_ids must be a non-empty list of token ids (one prompt per request)")
         else:
+            oa.check_request(body)
             sp = oa.sampling_params(body, self.default_max_tokens, self.limits)
             ids = self._openai_prompt(body, chat=kind == "chat")
         check_prompt(ids, sp["max_new_tokens"], self.limits)

@@ -73,6 +73,7 @@ class Stitcher:
     finish_reason: dict | None = None
     source: str = "relay"  # which stream feeds the client now
     offset: int = 0  # tokens sent before the copy feeding the client now (a migrated copy's prefix)
+    ended_here: bool = False  # the router ended the stream itself (`end`), not a server's finish
     _main_checked: bool = False
     _text: IncrementalText | None = None
 
@@ -100,11 +101,24 @@ class Stitcher:
         """MD's cumulative output. Before the handoff (direct P->MD pipeline) it is the only source."""
         if self.source == "relay" and self.handoff_k is None:
             raise StitchError("main output before the relay handed off")
+        self._check_eager(output_ids)
+        return self._advance(output_ids, finish_reason)
+
+    def end(self, finish_reason: dict, output_ids: list[int] | None = None) -> Delta:
+        """The router ends the client's stream itself, after the tokens it has or, given the feeding
+        copy's `output_ids`, after those (a stop string it found: `stop_watch`): the last delta."""
+        if output_ids is None:
+            output_ids = self.ids[self.offset:]
+        elif self.source == "main":
+            self._check_eager(output_ids)
+        self.ended_here = True
+        return self._advance(output_ids, finish_reason)
+
+    def _check_eager(self, output_ids: list[int]) -> None:
         if not self._main_checked and self.handoff_k:  # once: MD's first chunk repeats t1..tk
             if output_ids[: self.handoff_k] != self.ids[self.offset: self.offset + self.handoff_k]:
                 raise StitchError("main's eager tokens differ from what the relay streamed")
             self._main_checked = True
-        return self._advance(output_ids, finish_reason)
 
     def resume(self, relayed: bool = False) -> None:
         """A migrated copy feeds the client from here on; its outputs (both feeds take them) follow the

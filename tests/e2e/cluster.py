@@ -126,17 +126,18 @@ class PDDServers:
 def start_pdd(server_group, model: str, *, base_port: int, bootstrap_port: int, token_port: int,
               handoff_timeout: float, page_size: int = 1, prefill_chunk: int = -1,
               prefill_extra: tuple = (), relay_extra: tuple = (), main_extra: tuple = (),
-              mains: int = 1, decode_overlap: bool = False, tp: int = 1) -> PDDServers:
+              mains: int = 1, decode_overlap: bool = False, tp: int = 1, role_api_key: str | None = None) -> PDDServers:
     """P (--pdd-role prefill), RLD (relay) and MD (main, decode radix cache) in one namespace, each
     with a test-knobs file (`PDDServers.knobs`); `mains` > 1 starts more MDs (ports base + 10, + 11, ...)
     at the same time; `decode_overlap` runs RLD and MD on sglang's overlap scheduler (P cannot on CPU);
-    `tp` > 1 runs every role at that TP size (gloo), its ranks bound to cores 0, 1, ..."""
+    `tp` > 1 runs every role at that TP size (gloo), its ranks bound to cores 0, 1, ...; `role_api_key`
+    starts every role with sglang's --api-key (its API, but /health and /metrics, then needs the key)."""
     timeout = ["--pdd-handoff-timeout", f"{handoff_timeout:g}"]
     files = {r: os.path.join(server_group.log_dir, f"pdd-{base_port}-{r}-knobs.json") for r in ROLES}
     for f in files.values():
         with open(f, "w") as fh:
             fh.write("{}")
-    common = dict(model=model, bootstrap_port=bootstrap_port, page_size=page_size)
+    common = dict(model=model, bootstrap_port=bootstrap_port, page_size=page_size, api_key=role_api_key)
     tp_env = {}
     if tp > 1:
         cores = os.cpu_count() or 1
@@ -215,3 +216,30 @@ def decode_roles_idle(pdd, timeout_s: float = 60.0) -> list:
         if not idle:
             busy.append((url, pool, rows, held))
     return busy
+
+
+@contextlib.contextmanager
+def junk_at(port: int, *, frames: int, size: int, parts: int):
+    """Unauthenticated garbage at a token-channel port on this host: four connections sending bytes that
+    are not ZMTP, then `frames` random frames of `size` bytes and `parts` three-part messages from a ZMQ
+    peer without the secret, which stays connected until the block ends (the relay drains its queue at
+    its own pace)."""
+    import socket
+
+    import zmq
+
+    for _ in range(4):
+        with socket.create_connection(("127.0.0.1", port)) as raw:
+            raw.sendall(os.urandom(256 << 10))
+    ctx = zmq.Context()
+    peer = ctx.socket(zmq.DEALER)
+    peer.connect(f"tcp://127.0.0.1:{port}")
+    try:
+        for _ in range(frames):
+            peer.send(os.urandom(size))
+        for _ in range(parts):
+            peer.send_multipart([b"x", b"y"])  # the ROUTER reads three frames: the peer's id and these
+        yield
+    finally:
+        peer.close(0)
+        ctx.term()

@@ -94,6 +94,8 @@ class TestPageSize1:
         ({"v": 1, "main_room": 5}, "not signed"),  # a client's own main_room: P holds the secret
         (signer_from_env().sign(RequestParams(v=1, main_room=5), 12345).to_custom_params()["pdd"],
          "does not match"),  # the router's signature, but for another request's room
+        ({"v": 1, "main_room": 5, "exp": 2**40, "sig": "\u00e9" * 32},
+         "does not match"),  # a non-ASCII sig: compare_digest raised TypeError and killed P
     ])
     def test_malformed_pdd_param_fails_that_request_only(self, fan1, reference_server, prompts, pdd, words):
         ids = prompts.ids(30, seed=830)

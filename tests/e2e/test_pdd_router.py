@@ -13,29 +13,32 @@ from sglang_pdd.lab.testing.servers import http_json
 from sglang_pdd.protocol.reply import ReplyMeta
 
 from .cluster import by_state, metric, start_pdd
+from .router_checks import (CONSTRAINTS, EAGER, N, assert_one_handoff, check_constrained, check_generate,
+                            completion_text, constrained_body, constrained_reference, handoffs_on_main,
+                            main_leg_bytes, openai, router_metric)
 
 pytestmark = pytest.mark.e2e
 
 TOKEN_PORT = 18600
-N = 96
-EAGER = 4  # RLD's relay_min_eager knob for this module: every relayed request hands over at k >= 4
 SEEDED = {"temperature": 0.8, "top_p": 0.9, "sampling_seed": 77}
 INCREMENTAL = ("--incremental-streaming-output",)
+# Every role runs sglang's --api-key and the routers send it (SGLANG_PDD_ROLE_API_KEY), as production should
+ROLE_KEY = "pdd-e2e-role-key"
 
 
 @pytest.fixture(scope="module")
 def router(server_group, tiny_model):
     # RLD and MD stream deltas (--incremental-streaming-output); the other modules' stream cumulatively
     pdd = start_pdd(server_group, tiny_model, base_port=30800, bootstrap_port=8996, token_port=TOKEN_PORT,
-                    handoff_timeout=10, relay_extra=INCREMENTAL, main_extra=INCREMENTAL)
+                    handoff_timeout=10, relay_extra=INCREMENTAL, main_extra=INCREMENTAL, role_api_key=ROLE_KEY)
     pdd.set_knobs("relay", relay_min_eager=EAGER)
     p, rld, md, boot = pdd.prefill, pdd.relay, pdd.main, pdd.bootstrap_port
     base = 30800
 
-    def start(name, port, pipeline, extra=()):
+    def start(name, port, pipeline, extra=(), key=ROLE_KEY):
         return server_group.start(name, PddRouterConfig(
             prefill=[(p.url, boot)], relay=[(rld.url, TOKEN_PORT)], main=[md.url], tokenizer=tiny_model,
-            port=port, pipeline=pipeline, extra=list(extra))).wait_ready()
+            port=port, pipeline=pipeline, extra=list(extra), role_api_key=key)).wait_ready()
 
     relay_router = start("pdd-router", base + 3, "relay")
     direct_router = start("pdd-router-direct", base + 4, "direct")
@@ -45,41 +48,7 @@ def router(server_group, tiny_model):
                         "--odd-output-threshold", "100", "--rld-tpot-ms", "10", "--bandwidth-poll-s", "0"])
     return {"relay": relay_router, "direct": direct_router, "auto": auto_router, "main": md, "relay_server": rld,
             "prefill": p, "pdd": pdd, "idle_rows": pdd.idle_rows,
-            "start_router": lambda name, port, extra: start(name, port, "auto", extra)}
-
-
-def handoffs_on_main(router) -> tuple[float, float]:
-    """(handoffs, eager tokens handed over) counted on MD: deltas of these show a handoff happened."""
-    m = router["main"].url
-    return (sum(metric(m, "sglang_pdd_handoffs_total").values()),
-            sum(metric(m, "sglang_pdd_handoff_tokens_total").values()))
-
-
-def assert_one_handoff(router, before: tuple[float, float], min_k: int = EAGER) -> int:
-    after = handoffs_on_main(router)
-    assert after[0] - before[0] == 1, (before, after)
-    k = after[1] - before[1]
-    assert k >= min_k, f"handed over after {k} eager tokens"
-    return int(k)
-
-
-def check_generate(router, reference_server, ids, pipeline, stream, n=N, what="", **sp):
-    want = identity.reference(reference_server.url, ids, n, **sp)
-    url = router[pipeline].url
-    body = greedy_body(ids, n, **sp)
-    before = handoffs_on_main(router)
-    out = stream_generate(url, body) if stream else http_json(url + "/generate", body)[1]
-    identity.check(want, out["output_ids"], f"router {pipeline}{' stream' if stream else ''} {what}")
-    meta = out["meta_info"]
-    assert meta["finish_reason"]["type"] == "length" and meta["completion_tokens"] == n
-    pdd = ReplyMeta.of(meta)
-    assert pdd.pipeline == ("P->RLD->MD" if pipeline == "relay" else "P->MD")
-    if pipeline == "relay":
-        k = assert_one_handoff(router, before)
-        assert pdd.handoff_tokens == k and pdd.handoff_mode in ("one-shot", "catch-up")
-    else:
-        assert handoffs_on_main(router)[0] == before[0] and pdd.handoff_tokens is None
-    return out
+            "start_router": lambda name, port, extra, key=ROLE_KEY: start(name, port, "auto", extra, key)}
 
 
 @pytest.mark.parametrize("pipeline", ["relay", "direct"])
@@ -93,7 +62,7 @@ def test_deltas_from_the_decode_roles_come_out_whole_with_their_logprobs(router,
     """RLD and MD stream deltas here (sglang's --incremental-streaming-output; O(n) bytes, not O(n^2)):
     the router's answer is the single server's, tokens and logprobs, across the handoff."""
     for role in ("relay_server", "main"):
-        status, info = http_json(router[role].url + "/get_server_info")
+        status, info = role_call(router[role].url, "/get_server_info", key=ROLE_KEY)
         assert status == 200 and info["incremental_streaming_output"] is True, role
     ids, n = prompts.ids(400, seed=107), 48
     want = identity.reference(reference_server.url, ids, n)
@@ -142,14 +111,32 @@ def test_negative_control_the_router_path_catches_main_without_the_eager_kv(rout
         identity.check(want, out["output_ids"], "router control")
 
 
-def router_metric(url: str, name: str) -> float:
-    return sum(metric(url, name).values())
+@pytest.mark.parametrize("kind", sorted(CONSTRAINTS))
+def test_structured_output_is_a_single_servers_across_the_handoff(router, reference_server, prompts, kind):
+    """sglang's grammar backend (xgrammar) on every role: P samples t1 under the grammar's mask, RLD
+    t2..tk, MD accepts t1..tk into its grammar in the handoff EXTEND and masks t(k+1) on. Greedy and
+    seeded, relayed (a handoff at k >= 4, before the grammar completes) and direct: the single server's
+    tokens, valid, ended by the grammar."""
+    ids = prompts.ids(300, seed=180 + sorted(CONSTRAINTS).index(kind))
+    for sp in ({}, SEEDED):
+        want = constrained_reference(reference_server, ids, kind, **sp)
+        for pipeline in ("relay", "direct"):
+            check_constrained(router, want, ids, pipeline, kind, **sp)
 
 
-def main_leg_bytes(router) -> float:
-    """KV bytes P wrote to MainDecode (fan-out leg and direct path): what crosses the WAN."""
-    return sum(v for k, v in metric(router["prefill"].url, "sglang_pdd_transfer_bytes_total").items()
-               if dict(k).get("path") in ("main", "direct"))
+def test_negative_control_main_skipping_the_grammar_advance_is_caught(router, reference_server, prompts):
+    """The structured-output comparison bites: MD's grammar rolled back over the eager tokens
+    (`main_skip_grammar_advance`) samples t(k+1) from the wrong state."""
+    for i, kind in enumerate(sorted(CONSTRAINTS)):
+        ids = prompts.ids(300, seed=180 + i)
+        want = constrained_reference(reference_server, ids, kind)
+        with router["pdd"].knobs("main", main_skip_grammar_advance=True):
+            before = handoffs_on_main(router)
+            status, out = http_json(router["relay"].url + "/generate", constrained_body(ids, kind))
+            assert status == 200, out
+            assert_one_handoff(router, before)
+        with pytest.raises(AssertionError, match="single server"):
+            identity.check(want, out["output_ids"], f"router control {kind}")
 
 
 def test_odd_traffic_finishes_on_the_relay_and_its_wan_bytes_are_never_sent(router, reference_server, prompts):
@@ -196,23 +183,6 @@ def test_bandwidth_estimate_follows_completed_transfers(router, reference_server
             break
         time.sleep(0.5)
     assert after > 2 * before, (before, after)
-
-
-def openai(url: str, path: str, body: dict, stream: bool):
-    req = urllib.request.Request(url + path, data=json.dumps({**body, "stream": stream}).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=300) as r:
-        if not stream:
-            return json.load(r)
-        chunks = [json.loads(l[5:]) for l in (x.decode().strip() for x in r) if l.startswith("data:") and "[DONE]" not in l]
-    return chunks
-
-
-def completion_text(got, stream: bool) -> tuple[str, str]:
-    if stream:
-        text = "".join(c["choices"][0]["text"] for c in got if c.get("choices"))
-        return text, [c["choices"][0]["finish_reason"] for c in got if c.get("choices")][-1]
-    return got["choices"][0]["text"], got["choices"][0]["finish_reason"]
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -340,3 +310,54 @@ def test_client_pdd_params_are_dropped_and_md_keeps_serving(router, reference_se
     ids2 = prompts.ids(60, seed=161)
     # N tokens, as the module's other handoff checks: with 8, RLD could finish before MD was ready
     check_generate(router, reference_server, ids2, pipeline, stream=False)
+
+
+# -- who may talk to a role: the router, with the key (docs/faults.md) ------------------------------
+
+def role_call(url: str, path: str, body: dict | None = None, key: str | None = None) -> tuple[int, object]:
+    """(status, body) of a call to a role, with `Authorization: Bearer KEY` when a key is given."""
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    req = urllib.request.Request(url + path, data=None if body is None else json.dumps(body).encode(), headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            status, text = r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        status, text = e.code, e.read().decode()
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
+
+
+@pytest.mark.parametrize("role", ["main", "relay_server", "prefill"])
+def test_a_role_refuses_callers_without_the_key(router, prompts, role):
+    """Every test of this module reaches the roles through routers holding the key; a caller without it
+    (MD's port crosses the WAN) gets 401 from /generate and /abort_request, a wrong key too, and the
+    key opens them (the control). /health and /metrics stay open for probes and scrapers."""
+    url = router[role].url
+    body = greedy_body(prompts.ids(40, seed=170), 4)
+    for key in (None, "wrong-" + ROLE_KEY):
+        for path, b in (("/generate", body), ("/abort_request", {"rid": "", "abort_all": True}),
+                        ("/get_server_info", None)):
+            status, out = role_call(url, path, b, key=key)
+            assert status == 401, (role, path, key, status, out)
+    assert role_call(url, "/abort_request", {"rid": "no-such-request"}, key=ROLE_KEY)[0] == 200
+    assert role_call(url, "/get_server_info", key=ROLE_KEY)[0] == 200
+    assert role_call(url, "/health")[0] == 200 and role_call(url, "/metrics")[0] == 200
+    assert router[role].alive()
+
+
+def test_a_router_without_the_key_is_refused_and_the_roles_keep_serving(router, reference_server, prompts):
+    """The negative control of the key the routers send: a router started without it (or with another
+    one) gets every request refused by the roles; its client gets a clear 502 naming the refusal, no
+    role dies, and the keyed router serves the next relayed request token-identically."""
+    ids = prompts.ids(120, seed=171)
+    for name, port, key in (("pdd-router-nokey", 30807, None), ("pdd-router-wrongkey", 30808, "wrong-" + ROLE_KEY)):
+        url = router["start_router"](name, port, ["--pipeline", "relay", "--migration-limit", "0"], key).url
+        before = handoffs_on_main(router)
+        status, out = http_json(url + "/generate", greedy_body(ids, 8))
+        assert status == 502 and "refused the router's key" in json.dumps(out), (name, status, out)
+        assert handoffs_on_main(router) == before
+    for role in ("prefill", "relay_server", "main"):
+        assert router[role].alive(), role
+    check_generate(router, reference_server, ids, "relay", stream=False, n=N, what="after refused routers")

@@ -19,7 +19,7 @@ from sglang_pdd.lab.testing.launch_args import ServerConfig
 from sglang_pdd.lab.testing.pdd_client import held_on_main, relayed_generate, relayed_generate_many
 from sglang_pdd.lab.testing.servers import http_json
 
-from .cluster import abort_while_held, decode_roles_idle, metric, start_pdd
+from .cluster import abort_while_held, decode_roles_idle, junk_at, metric, start_pdd
 
 pytestmark = pytest.mark.e2e
 
@@ -346,7 +346,7 @@ def test_a_restarted_relay_hands_over_again_without_restarting_main(pdd, referen
     """RLD dies (SIGKILL) and starts again with the same command line (issue 31): the next relayed
     request hands over normally, token-identical, within its deadline. Before the relay's replies carried
     its epoch, MD dropped every reply of the new process as a replay ("reply 1 seen already") and each
-    relayed request waited out MD's handoff timeout, until MD itself restarted. Last in the module: it
+    relayed request waited out MD's handoff timeout, until MD itself restarted. Late in the module: it
     replaces the relay process the other tests used."""
     def replay_drops() -> float:
         return sum(v for k, v in metric(pdd.main.url, "sglang_pdd_token_channel_rejected_total").items()
@@ -363,5 +363,48 @@ def test_a_restarted_relay_hands_over_again_without_restarting_main(pdd, referen
     assert_identical(want, r, "after the relay restarted")
     assert replay_drops() == drops
     ids2 = prompts.ids(260, seed=92)  # a second request: the channel stays up
+    assert_identical(ref(reference_server, ids2, 30), relayed(pdd, greedy_body(ids2, 30), k=3), "second after")
+    assert decode_roles_idle(pdd) == []
+
+
+# -- the token channel under junk and a restarted MD (issue 31 item 4) -------------------------------
+
+def rejected_on_relay(pdd) -> dict[str, float]:
+    return {dict(k)["reason"]: v for k, v in metric(pdd.relay.url, "sglang_pdd_token_channel_rejected_total").items()
+            if dict(k).get("role") == "relay"}
+
+
+def test_a_flood_of_junk_at_the_token_port_leaves_the_next_handoff_intact(pdd, reference_server, prompts):
+    """Unauthenticated garbage at RLD's token port (`junk_at`): bytes that are not ZMTP, then 300 frames
+    of 1 MiB and 20 three-part messages from a ZMQ peer without the secret. RLD reads and drops every
+    one (counted: bad_mac, malformed; the raw bytes may add some, read as ZMTP 1.0 frames), stays up,
+    and the next relayed request hands over normally."""
+    ids = prompts.ids(200, seed=97)
+    want = ref(reference_server, ids, 40)
+    before, sent = rejected_on_relay(pdd), {"bad_mac": 300, "malformed": 20}
+    with junk_at(TOKEN_PORT, frames=sent["bad_mac"], size=1 << 20, parts=sent["malformed"]):
+        deadline = time.monotonic() + 120
+        while True:  # RLD drains them at its own pace (32 MiB per poll)
+            grew = {r: rejected_on_relay(pdd).get(r, 0) - before.get(r, 0) for r in sent}
+            if all(grew[r] >= n for r, n in sent.items()) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+    assert all(grew[r] >= n for r, n in sent.items()) and pdd.relay.alive(), grew
+    assert_identical(want, relayed(pdd, greedy_body(ids, 40), k=5), "after the junk")
+    assert decode_roles_idle(pdd) == []
+
+
+def test_a_restarted_main_hands_over_again(pdd, reference_server, prompts):
+    """MD dies (SIGKILL) and starts again with the same command line: its new process connects to the
+    relay under a new session, and the next relayed request hands over normally, token-identical.
+    Last in the module: it replaces the MD process the other tests used."""
+    ids = prompts.ids(240, seed=98)
+    want = ref(reference_server, ids, 40)
+    assert_identical(want, relayed(pdd, greedy_body(ids, 40), k=4), "before MD restarted")
+    pdd.main.stop(grace_s=0)
+    assert not pdd.main.alive()
+    pdd.main.start().wait_ready()
+    assert_identical(want, relayed(pdd, greedy_body(ids, 40), k=6), "after MD restarted")
+    ids2 = prompts.ids(180, seed=99)
     assert_identical(ref(reference_server, ids2, 30), relayed(pdd, greedy_body(ids2, 30), k=3), "second after")
     assert decode_roles_idle(pdd) == []

@@ -6,6 +6,7 @@ import asyncio
 import json
 
 import pytest
+from aiohttp import web
 
 from sglang_pdd.lab.testing import fake_upstream as fu
 
@@ -172,3 +173,138 @@ def test_a_handler_cancelled_while_letting_go_still_aborts_every_role():
 
     cl = run(go())
     assert [len(r.aborts) for r in (cl.prefill, cl.relay, cl.main)] == [1, 1, 1]
+
+
+# -- the total timeout is the client's; idle deadlines a client cannot turn against a peer (issue 31) --
+def test_a_healthy_generation_past_the_request_timeout_ends_with_504_and_no_failure_mark():
+    """MD streams on, healthily, past --request-timeout: the request ends (504 naming the limit), MD
+    keeps its good standing and nothing migrates (it was counted as MD's failure and migrated)."""
+    from .dispatch_client import config, router
+
+    async def go():
+        async with fu.FakeCluster(main2=fu.FakeRole("main")) as cl:
+            cl.main.behaviour = slow_stream()
+            async with router(cl, config(request_timeout_s=1.0, migration_limit=1)) as (c, d):
+                d.main.peers[1].running = 5  # MD 1 first
+                r = await c.post("/generate", json={"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 9000}})
+                return r.status, await r.text(), d.main.peers[0].health.failures, cl
+
+    status, text, failures, cl = run(go())
+    assert status == 504 and "--request-timeout of 1s" in text, text
+    assert failures == 0
+    assert not cl.main2.bodies and cl.main.aborts
+
+
+def _first_then(wait_s: float, n: int = 6):
+    """MD's first chunk at once, the rest (to the finish) after `wait_s`: what a stream_interval of n
+    looks like on a slow server."""
+    async def answer(request, body):
+        resp = await fu.start_stream(request)
+        ids = [fu.token(i) for i in range(n)]
+        await resp.write(fu._sse(fu.chunk(ids[:1], None, False)))
+        await asyncio.sleep(wait_s)
+        await resp.write(fu._sse(fu.chunk(ids, {"type": "length", "length": n}, False)))
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+    return answer
+
+
+@pytest.mark.parametrize("sp, ok", [({"stream_interval": 16}, True), ({"stop": ["0123456789abcdef"]}, True),
+                                    ({}, False)])
+def test_the_idle_deadline_grows_with_the_requests_stream_interval_and_stop_strings(sp, ok):
+    """Idle 0.5 s plus 0.1 s per token the client's stream_interval (or longest stop string) may hold a
+    chunk back: a 1 s gap is within it. The control, without either: the same gap is an idle failure."""
+    from .dispatch_client import config, router
+
+    async def go():
+        async with fu.FakeCluster() as cl:
+            cl.main.behaviour = _first_then(1.0)
+            async with router(cl, config(idle_s=0.5, idle_per_token_s=0.1, migration_limit=0)) as (c, d):
+                r = await c.post("/generate", json={"input_ids": [5], "sampling_params": {"max_new_tokens": 6, **sp}})
+                return r.status, await r.text(), d.main.peers[0].health.failures
+
+    status, text, failures = run(go())
+    if ok:
+        assert status == 200 and json.loads(text)["output_ids"] == [fu.token(i) for i in range(6)]
+        assert failures == 0
+    else:
+        assert status == 504 and "main: no output for 0.5s" in text
+        assert failures == 1
+
+
+def _hang_or_stream(request, body):
+    """A request whose prompt starts with 1 goes silent after its first chunk; any other streams on."""
+    if body["input_ids"][0] == 1:
+        return fu.stream_then([fu.chunk([fu.token(0)], None, False)], then="hang")(request, body)
+    return slow_stream()(request, body)
+
+
+@pytest.mark.parametrize("others", [True, False])
+def test_an_idle_request_counts_against_its_peer_only_when_the_peer_answered_nobody(others):
+    """A request silent past its idle deadline on an MD that streams another request meanwhile: the
+    request ends (504), the MD is not blamed. The control: with no other request, the same silence
+    is the MD's failure."""
+    from .dispatch_client import config, router
+
+    async def go():
+        async with fu.FakeCluster() as cl:
+            cl.main.behaviour = _hang_or_stream
+            async with router(cl, config(idle_s=0.5, migration_limit=0)) as (c, d):
+                busy = None
+                if others:
+                    busy = await c.post("/generate", json={"input_ids": [2, 3], "stream": True,
+                                                           "sampling_params": {"max_new_tokens": 9000}})
+                    await busy.content.readline()  # it streams
+                r = await c.post("/generate", json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 8}})
+                got = r.status, await r.text(), d.main.peers[0].health.failures
+                if busy is not None:
+                    busy.close()
+                return got
+
+    status, text, failures = run(go())
+    assert status == 504 and "main: no output for 0.5s" in text
+    assert failures == (0 if others else 1)
+
+
+@pytest.mark.parametrize("others", [True, False])
+def test_a_late_prefill_reply_counts_against_p_only_when_p_answered_nobody(others):
+    """P's reply to one request is late past --prefill-idle-timeout while P answers other requests:
+    the request fails, P is not blamed. The control: the same lateness with no other request is."""
+    from .dispatch_client import config, router
+
+    async def prefill(request, body):
+        if body["input_ids"][0] == 1:
+            await asyncio.Event().wait()
+        return web.json_response({"text": "", "output_ids": [1], "meta_info": {"finish_reason": {"type": "length"}}})
+
+    async def main(request, body):  # waits for P's KV where P does not answer
+        if body["input_ids"][0] == 1:
+            await asyncio.Event().wait()
+        return await fu.stream_then([fu.chunk([fu.token(0), fu.token(1)], {"type": "length", "length": 2}, False)],
+                                    then="end")(request, body)
+
+    async def go():
+        async with fu.FakeCluster() as cl:
+            cl.prefill.behaviour, cl.main.behaviour = prefill, main
+            idle = {"prefill": 0.5, "relay": 5.0, "main": 5.0}
+            async with router(cl, config(idle_timeout_s=idle, migration_limit=0)) as (c, d):
+                d.prefill.peers[0].health.eject_after = 1  # a failure counted shows as an ejection
+                slow = asyncio.ensure_future(c.post("/generate", json={"input_ids": [1, 2],
+                                                                       "sampling_params": {"max_new_tokens": 8}}))
+                while others and not slow.done():
+                    r = await c.post("/generate", json={"input_ids": [2, 3], "sampling_params": {"max_new_tokens": 2}})
+                    assert r.status == 200, await r.text()
+                r = await slow
+                return r.status, await r.text(), d.prefill.peers[0].health.ejections
+
+    status, text, ejections = run(go())
+    assert status == 502 and "prefill: no answer within 0.5s" in text, text
+    assert ejections == (0 if others else 1)
+
+
+def test_a_requests_own_idle_allowance():
+    from sglang_pdd.router.idle_deadline import allowance_s, extra_tokens
+
+    assert extra_tokens({"stream_interval": 4, "stop": ["ab", "€"]}) == 3 + 3  # "€" is 3 UTF-8 bytes
+    assert extra_tokens({"stop": "xyz"}) == 3 and extra_tokens({"stream_interval": True}) == 0
+    assert extra_tokens({}) == 0 and allowance_s(0.5, {"stream_interval": 9}) == 4.0

@@ -129,3 +129,59 @@ def test_a_migrated_copy_without_relay_feeds_main_after_what_was_sent():
     assert s.feed_main([33], None).token_ids == [33] and s.ids == [104, 105, 33]
     with pytest.raises(StitchError, match="relay output after the handoff"):
         s.feed_relay([33, 63], None)
+
+
+# -- the router's own end of a stream, and the stop watch across a migration (issue 31) -------------
+def test_end_after_a_migration_sends_nothing_again():
+    s = Stitcher(byte_decode).direct()
+    s.feed_main([97, 98, 99], None)
+    s.resume()
+    s.feed_main([100, 101], None)  # the migrated copy's output, after the 3 tokens the client has
+    d = s.end({"type": "length", "length": 5})
+    assert d.token_ids == [] and d.text == "" and d.finish_reason == {"type": "length", "length": 5}
+    assert s.ids == [97, 98, 99, 100, 101] and s.ended_here
+
+
+def test_end_of_a_relayed_copy_before_its_handoff():
+    s = Stitcher(byte_decode)
+    s.feed_relay([97], HANDOFF(1))
+    s.feed_main([97, 98], None)
+    s.resume(relayed=True)
+    s.feed_relay([99], None)
+    assert s.end({"type": "length", "length": 3}).token_ids == [] and s.ids == [97, 98, 99]
+
+
+def test_end_at_part_of_a_chunk_flushes_its_text():
+    euro = list("€".encode())
+    s = Stitcher(byte_decode).direct()
+    s.feed_main([97, euro[0]], None)
+    d = s.end({"type": "stop", "matched": "€"}, [97] + euro)
+    assert d.token_ids == euro[1:] and d.text == "€"
+
+
+def test_the_stop_watch_finds_a_string_across_the_boundary_token_by_token():
+    from sglang_pdd.router.stop_watch import StopWatch
+
+    w = StopWatch(["cde", "zz"], byte_decode)
+    ids = list(b"xxabc")
+    w.arm(ids)
+    assert w.first_stop(ids, list(b"d")) is None  # "cd": not yet
+    ids += list(b"d")
+    assert w.first_stop(ids, list(b"efg")) == (1, "cde")  # completes at the first token of the chunk
+
+
+def test_the_stop_watch_across_a_split_character_and_its_limits():
+    from sglang_pdd.router.stop_watch import StopWatch
+
+    euro = list("€".encode())
+    w = StopWatch("€b", byte_decode)
+    ids = [97, euro[0]]  # the boundary splits the euro sign
+    w.arm(ids)
+    assert w.first_stop(ids, euro[1:] + [98, 99]) == (3, "€b")
+    w = StopWatch(["ab"], byte_decode)  # wholly in the client's past: not acted on
+    w.arm(list(b"xab"))
+    assert w.first_stop(list(b"xab"), list(b"c")) is None
+    w = StopWatch(["abc"], byte_decode)  # past the longest string's length no match can straddle: it stops
+    w.arm(list(b"xa"))
+    assert w.first_stop(list(b"xa"), list(b"qqq")) is None and not w.watching
+    assert StopWatch(None, byte_decode).first_stop([1], [2]) is None

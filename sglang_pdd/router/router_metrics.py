@@ -1,0 +1,116 @@
+"""The router's Prometheus series (its /metrics page): requests, tokens, handoffs, MD choices, peers'
+load, migrations, time to first token, and the front door (open connections, requests in flight, the
+configured limits and every refusal by reason)."""
+
+from __future__ import annotations
+
+import time
+
+from sglang_pdd.router.dispatch import Outcome
+
+# Why the front door refused a connection or a request (sglang_pdd_router_refused_total{reason}).
+REFUSALS = ("connections", "in-flight", "per-client", "tokenizer-queue", "header-timeout", "body-timeout", "auth")
+# The limits exported as sglang_pdd_router_limit{limit}.
+LIMITS = ("connections", "in-flight", "per-client", "tokenizer-queue")
+
+# TTFT buckets (seconds): a same-site first token is tens of ms, a cold prompt whose KV crosses a slow WAN
+# can take seconds to tens of seconds.
+TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+
+
+class FirstToken:
+    """Observes one request's time to first token (from its arrival at the router) once, on the first
+    delta that carries tokens; the pipeline label is the one the dispatcher chose."""
+
+    def __init__(self, metrics: "RouterMetrics", outcome: Outcome, t0: float):
+        self.metrics, self.outcome, self.t0, self.seen = metrics, outcome, t0, False
+
+    def tick(self, delta) -> None:
+        if not self.seen and delta.token_ids:
+            self.seen = True
+            pipe = self.outcome.pipeline.value if self.outcome.pipeline else "none"
+            self.metrics.ttft.labels(pipe).observe(time.perf_counter() - self.t0)
+
+
+class RouterMetrics:
+    def __init__(self):
+        from prometheus_client import CollectorRegistry, Counter  # a declared dependency
+
+        self.registry = CollectorRegistry()
+        self.requests = Counter("sglang_pdd_router_requests", "Requests by pipeline and outcome",
+                                ("pipeline", "outcome"), registry=self.registry)
+        self.tokens = Counter("sglang_pdd_router_output_tokens", "Output tokens by source",
+                              ("source",), registry=self.registry)
+        self.handoffs = Counter("sglang_pdd_router_handoffs", "Relay-to-main handoffs by mode",
+                                ("mode",), registry=self.registry)
+        from prometheus_client import Gauge, Histogram
+
+        self.bandwidth = Gauge("sglang_pdd_router_wan_bandwidth_estimate_bytes_per_second",
+                               "The pipeline policy's WAN bandwidth estimate", registry=self.registry)
+        self.avoided = Counter("sglang_pdd_router_wan_bytes_avoided",
+                               "MD's predicted missed KV bytes never sent over the WAN (odd traffic served "
+                               "P->RLD)", ("reason",), registry=self.registry)
+        self.md_choices = Counter("sglang_pdd_router_md_choices", "MainDecode choices by site and the rule "
+                                  "that decided (cache-aware, imbalanced, stale, least-loaded, ...)",
+                                  ("site", "rule"), registry=self.registry)
+        self.md_prompt_tokens = Counter("sglang_pdd_router_md_prompt_tokens", "Prompt tokens sent to MainDecode, "
+                                        "by site and whether the chosen MD held them (hit) or not (miss)",
+                                        ("site", "cached"), registry=self.registry)
+        self.peer_load = Gauge("sglang_pdd_router_peer_load", "Each server's load as the router sees it "
+                               "(the larger of its in-flight count here and its own running + queued gauges)",
+                               ("role", "peer"), registry=self.registry)
+        self.peer_out = Gauge("sglang_pdd_router_peer_out_of_service", "1 while the router keeps a server out of "
+                              "service (ejected after failures, until a probe generate succeeds), else 0",
+                              ("role", "peer"), registry=self.registry)
+        self.peer_in_flight = Gauge("sglang_pdd_router_peer_in_flight", "This router's requests on each server",
+                                    ("role", "peer"), registry=self.registry)
+        self.migrations = Counter("sglang_pdd_router_migrations", "Requests re-issued after a role's failure, "
+                                  "by cause and outcome (completed, failed; not-migrated: a failure that "
+                                  "ended the request unmigrated)", ("cause", "outcome"), registry=self.registry)
+        self.ttft = Histogram("sglang_pdd_router_ttft_seconds", "Time from a request's arrival at the router "
+                              "to its first output token, by pipeline", ("pipeline",), buckets=TTFT_BUCKETS,
+                              registry=self.registry)
+
+        self.open_connections = Gauge("sglang_pdd_router_open_connections", "Client connections open now",
+                                      registry=self.registry)
+        self.in_flight = Gauge("sglang_pdd_router_in_flight", "Client requests being served now (not /health, "
+                               "/metrics)", registry=self.registry)
+        self.tokenizer_queue = Gauge("sglang_pdd_router_tokenizer_queue", "Requests being parsed and tokenized "
+                                     "or waiting for a tokenizer thread", registry=self.registry)
+        self.limit = Gauge("sglang_pdd_router_limit", "The front door's configured limits (--max-connections, "
+                           "--max-in-flight, --max-in-flight-per-client, tokenizer threads + --tokenizer-queue)",
+                           ("limit",), registry=self.registry)
+        self.refused = Counter("sglang_pdd_router_refused", "Connections and requests the front door refused or "
+                               "closed, by reason (" + ", ".join(REFUSALS) + ")", ("reason",),
+                               registry=self.registry)
+        for reason in REFUSALS:  # every reason is a series from the start (rate() needs a zero)
+            self.refused.labels(reason)
+        for name in LIMITS:
+            self.limit.labels(name)
+
+    def chose(self, outcome: Outcome) -> None:
+        mc = outcome.main_choice
+        if mc is None:
+            return
+        site = mc.site or "default"
+        self.md_choices.labels(site, mc.kind).inc()
+        self.md_prompt_tokens.labels(site, "hit").inc(min(mc.hit, mc.prompt_len))
+        self.md_prompt_tokens.labels(site, "miss").inc(max(mc.prompt_len - mc.hit, 0))
+
+    def record(self, outcome: Outcome, ok: bool, n_tokens: int) -> None:
+        pipe = outcome.pipeline.value if outcome.pipeline else "none"
+        self.requests.labels(pipe, "ok" if ok else "error").inc()
+        k = min(outcome.handoff_k or 0, n_tokens)
+        relay_tokens = n_tokens if (outcome.pipeline and outcome.pipeline.value != "P->MD"
+                                    and outcome.handoff_k is None) else k
+        self.tokens.labels("relay").inc(relay_tokens)
+        self.tokens.labels("main").inc(n_tokens - relay_tokens)
+        if outcome.handoff_k is not None:
+            self.handoffs.labels(outcome.handoff_mode or "unknown").inc()
+        for cause in outcome.migrations:
+            self.migrations.labels(cause, "completed" if ok else "failed").inc()
+        if not ok and outcome.unmigrated is not None:
+            self.migrations.labels(outcome.unmigrated, "not-migrated").inc()
+        if ok and outcome.pipeline and outcome.pipeline.value == "P->RLD" and outcome.missed_bytes:
+            self.avoided.labels("odd-traffic" if outcome.reason.startswith("odd") else "relay-only").inc(
+                outcome.missed_bytes)

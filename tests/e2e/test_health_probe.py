@@ -1,0 +1,53 @@
+"""The router's health probe (`router.health_probe`) on real sglang roles: P in prefill mode, RLD and
+MD in decode mode each serve the one-token generate that carries sglang's fake bootstrap host (a lone
+generate cannot make a real KV transfer on a PD server), asked the way the router asks each role; and
+the health checker takes an ejected role back through it once its back-off is over, not before."""
+
+import asyncio
+
+import aiohttp
+import pytest
+
+from sglang_pdd.router import health_probe
+from sglang_pdd.router.peer_health import HealthChecker
+from sglang_pdd.router.peers import Peer, PeerPool
+
+from .cluster import start_pdd
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def pdd(server_group, tiny_model):
+    return start_pdd(server_group, tiny_model, base_port=31700, bootstrap_port=8988, token_port=18700,
+                     handoff_timeout=10)
+
+
+def test_every_role_serves_the_probe(pdd):
+    async def go():
+        async with aiohttp.ClientSession() as s:
+            return {role: await health_probe.probe(s, role, url, 120.0)
+                    for role, url in (("prefill", pdd.prefill.url), ("relay", pdd.relay.url), ("main", pdd.main.url))}
+
+    assert asyncio.run(go()) == {"prefill": None, "relay": None, "main": None}
+
+
+def test_the_checker_takes_an_ejected_role_back_once_its_back_off_is_over(pdd):
+    t = [0.0]
+    pools = [PeerPool(role, [Peer(url)]) for role, url in
+             (("prefill", pdd.prefill.url), ("relay", pdd.relay.url), ("main", pdd.main.url))]
+    checker = HealthChecker(pools, probe_timeout_s=120.0)
+    for pool in pools:
+        pool.peers[0].health.now = lambda: t[0]
+        pool.peers[0].health.failed(unreachable=True)
+
+    async def go():
+        async with aiohttp.ClientSession() as s:
+            await checker.check_once(s)
+            early = [p.peers[0].health.out for p in pools]
+            t[0] = 1000.0
+            await checker.check_once(s)
+            return early, [p.peers[0].health.out for p in pools]
+
+    early, late = asyncio.run(go())
+    assert early == [True, True, True] and late == [False, False, False]
