@@ -22,7 +22,7 @@ from sglang_pdd.lab.testing.launch_args import PddRouterConfig
 from sglang_pdd.lab.testing.servers import http_json
 from sglang_pdd.protocol.reply import ReplyMeta
 
-from .cluster import decode_roles_idle, metric, start_pdd
+from .cluster import by_state, decode_roles_idle, metric, start_pdd
 
 pytestmark = pytest.mark.e2e
 
@@ -180,14 +180,14 @@ def test_a_non_streamed_client_that_disconnects_aborts_every_roles_copy(cluster,
     """The client sends a long non-streamed request and goes away: the router aborts P's, RLD's and MD's
     copies (the roles' generated tokens stop far short of max_new_tokens) and every pool is idle."""
     pdd, router = cluster
-    n = 20_000
+    n, n_prompt = 8000, 200
     gen_before = sum(_generated(u) for u in (pdd.relay.url, pdd.main.url))
     host, port = router.url.removeprefix("http://").split(":")
-    body = json.dumps(body_for("/generate", prompts.ids(200, seed=3102), n, ignore_eos=True)).encode()
+    body = json.dumps(body_for("/generate", prompts.ids(n_prompt, seed=3102), n, ignore_eos=True)).encode()
     s = socket.create_connection((host, int(port)))
     s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
               + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-    _wait(lambda: sum(_generated(u) for u in (pdd.relay.url, pdd.main.url)) > gen_before + 8)
+    _wait(lambda: any(_kv_in_use(u) > n_prompt + 16 for u in (pdd.relay.url, pdd.main.url)))  # decoding
     s.close()
     assert not decode_roles_idle(pdd, timeout_s=120)
     gen = sum(_generated(u) for u in (pdd.relay.url, pdd.main.url)) - gen_before
@@ -195,7 +195,13 @@ def test_a_non_streamed_client_that_disconnects_aborts_every_roles_copy(cluster,
 
 
 def _generated(url: str) -> float:
+    """Output tokens of the requests the server ended (sglang counts them at the end, aborts included)."""
     return sum(metric(url, "sglang:generation_tokens_total").values())
+
+
+def _kv_in_use(url: str) -> float:
+    kv = by_state(url, "sglang_pdd_kv_pool_tokens")
+    return kv["total"] - kv["available"] - kv["evictable"] if kv else 0
 
 
 def _wait(cond, timeout_s: float = 120.0) -> None:
