@@ -9,7 +9,7 @@ import argparse
 from sglang_pdd.lab.bench.live import APIS, LiveTarget
 from sglang_pdd.lab.bench.presets import Preset, with_sla, with_trace
 from sglang_pdd.lab.bench.trace_workload import TraceSlice
-from sglang_pdd.lab.workload.mooncake import MooncakeOptions
+from sglang_pdd.lab.workload.mooncake import add_trace_options, options_from
 
 # option -> its argparse default, for "given without --trace/--base-url"
 TRACE_OPTIONS = {"trace_from": 0.0, "trace_to": float("inf"), "trace_speedup": 1.0, "trace_length_scale": 1.0,
@@ -29,16 +29,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     "format (timestamp, input_length, output_length, hash_ids; recognised by its fields), open "
                     "loop at its timestamps, or a benchmark trace (--export-trace); the preset then gives the "
                     "link, the SLA and the timeout only (default: no trace, the preset's workload)")
-    tr.add_argument("--trace-from", type=float, default=0.0, help="keep records from this trace time, s (default 0)")
-    tr.add_argument("--trace-to", type=float, default=float("inf"),
-                    help="keep records before this trace time, s (default: to the end)")
-    tr.add_argument("--trace-speedup", type=float, default=1.0,
-                    help="compress time: replay k x faster, k < 1 slower (default 1)")
-    tr.add_argument("--trace-length-scale", type=float, default=1.0,
-                    help="scale block size, prompt and output lengths by this factor in (0, 1], for a model "
-                         "with a smaller context or a slower box (default 1)")
-    tr.add_argument("--trace-max-context", type=int, default=None,
-                    help="drop records whose scaled input + output exceed this (default: keep all)")
+    add_trace_options(tr)
     tr.add_argument("--trace-requests", type=int, default=None,
                     help="keep the first N records of the window (default: all)")
     tr.add_argument("--trace-max-output", type=int, default=None,
@@ -76,11 +67,7 @@ def check(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 def preset_for(args: argparse.Namespace, preset: Preset) -> Preset:
     """The preset with --trace and the SLA options applied (ValueError naming the flag)."""
     if args.trace is not None:
-        try:
-            opts = MooncakeOptions(args.trace_from, args.trace_to, args.trace_speedup, args.trace_length_scale,
-                                   args.trace_max_context)
-        except ValueError as e:
-            raise ValueError(f"--trace-*: {e}") from None
+        opts = options_from(args)
         ts = TraceSlice(args.trace, opts, args.trace_requests, args.trace_max_output)
         preset = with_trace(preset, ts)
         try:

@@ -24,7 +24,7 @@ from sglang_pdd.lab.sim.sizing import sizing_report
 from sglang_pdd.lab.sim.trace_run import load_trace, run_trace, run_trace_regimes, trace_report
 from sglang_pdd.lab.sim.wan_sweep import run_wan_sweep, wan_sweep_report
 from sglang_pdd.lab.workload.generator import generate
-from sglang_pdd.lab.workload.mooncake import MooncakeOptions
+from sglang_pdd.lab.workload.mooncake import MooncakeOptions, add_trace_options, options_from
 from sglang_pdd.lab.workload.trace import write_jsonl
 
 logger = logging.getLogger(__name__)
@@ -44,10 +44,9 @@ def _setting(args: argparse.Namespace) -> PaperSetting:
 
 def _mooncake_options(ap: argparse.ArgumentParser, args: argparse.Namespace) -> MooncakeOptions:
     try:
-        return MooncakeOptions(args.trace_from, args.trace_to, args.trace_speedup,
-                               args.trace_length_scale, args.trace_max_context)
+        return options_from(args)
     except ValueError as e:
-        ap.error(f"--trace-*: {e}")
+        ap.error(str(e))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -66,17 +65,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="comma-separated systems for --scenario trace (paper deployments; "
                          "default: %(default)s)")
     mc = ap.add_argument_group("Mooncake-format traces (--scenario trace)")
-    mc.add_argument("--trace-from", type=float, default=0.0,
-                    help="keep records from this trace time, s (default 0)")
-    mc.add_argument("--trace-to", type=float, default=float("inf"),
-                    help="keep records before this trace time, s (default: to the end)")
-    mc.add_argument("--trace-speedup", type=float, default=1.0,
-                    help="compress time: replay k x faster (default 1)")
-    mc.add_argument("--trace-length-scale", type=float, default=1.0,
-                    help="scale block size, prompt and output lengths by this factor in (0, 1], "
-                         "for a model with a smaller context (default 1)")
-    mc.add_argument("--trace-max-context", type=int, default=None,
-                    help="drop records whose scaled input + output exceed this (default: keep all)")
+    add_trace_options(mc)
     ap.add_argument("--no-goodput", action="store_true",
                     help="--scenario trace: skip the goodput search (default: search)")
     ap.add_argument("--wan-regimes", action="store_true",

@@ -181,16 +181,36 @@ def construct(cfg, w: ContextWeights, seed: int, special_tokens: int) -> dict:
                    p + "self_attn.v_proj.weight": wv, p + "self_attn.o_proj.weight": wo,
                    p + "input_layernorm.weight": torch.ones(d, dtype=torch.float64),
                    p + "post_attention_layernorm.weight": torch.ones(d, dtype=torch.float64)})
-        var *= 1 + w.read_gain ** 2
-        rms = math.sqrt((const * const + var * content) / d)
-        scale = rms / math.sqrt(content * var)
-        gate, up, down = (torch.zeros(inter, d, dtype=torch.float64), torch.zeros(inter, d, dtype=torch.float64),
-                          torch.zeros(d, inter, dtype=torch.float64))
-        gate[:, 1:] = randn(inter, content) * scale * 2
-        up[:, 1:] = randn(inter, content) * scale
-        down[1:, :] = randn(content, inter) * (w.mlp_gain * math.sqrt(var) / math.sqrt(inter))
-        sd.update({p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up, p + "mlp.down_proj.weight": down})
-        var *= 1 + w.mlp_gain ** 2
+        var = mlp_layer(sd, p, randn, w, d, inter, content, const, var)
+    return final_norm_and_head(sd, randn, d, vocab, content, const, var, special_tokens)
+
+
+def mlp_layer(sd: dict, p: str, randn, w: "ContextWeights", d: int, inter: int, content: int, const: float,
+              var: float) -> float:
+    """One layer's MLP (weights into `sd` under prefix `p`), after an attention that read with
+    `w.read_gain`: a random map of the content channels, sized so the residual stream's variance grows
+    by `w.mlp_gain`**2; returns the variance after it. Shared by the MHA and the MLA test models."""
+    import torch
+
+    var *= 1 + w.read_gain ** 2
+    rms = math.sqrt((const * const + var * content) / d)
+    scale = rms / math.sqrt(content * var)
+    gate, up, down = (torch.zeros(inter, d, dtype=torch.float64), torch.zeros(inter, d, dtype=torch.float64),
+                      torch.zeros(d, inter, dtype=torch.float64))
+    gate[:, 1:] = randn(inter, content) * scale * 2
+    up[:, 1:] = randn(inter, content) * scale
+    down[1:, :] = randn(content, inter) * (w.mlp_gain * math.sqrt(var) / math.sqrt(inter))
+    sd.update({p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up, p + "mlp.down_proj.weight": down})
+    var *= 1 + w.mlp_gain ** 2
+    return var
+
+
+def final_norm_and_head(sd: dict, randn, d: int, vocab: int, content: int, const: float, var: float,
+                        special_tokens: int) -> dict:
+    """The final norm and lm_head (logits ~ N(0, 4^2) over the content channels; the special tokens
+    never a greedy choice)."""
+    import torch
+
     sd["model.norm.weight"] = torch.ones(d, dtype=torch.float64)
     head = torch.zeros(vocab, d, dtype=torch.float64)
     rms = math.sqrt((const * const + var * content) / d)

@@ -34,7 +34,8 @@ import math
 
 import numpy as np
 
-from sglang_pdd.lab.testing.context_model import ContextWeights, kernel, read_offsets, rope_frequencies
+from sglang_pdd.lab.testing.context_model import (ContextWeights, final_norm_and_head, kernel, mlp_layer,
+                                                   read_offsets, rope_frequencies)
 
 SERVER_ENV = {"SGLANG_PDD_CPU_AMX_ATTENTION": "1"}
 ATTENTION_BACKEND = "intel_amx"
@@ -115,23 +116,8 @@ def construct(cfg, w: ContextWeights, seed: int, special_tokens: int) -> dict:
                    p + "self_attn.kv_b_proj.weight": kv_b, p + "self_attn.o_proj.weight": wo,
                    p + "input_layernorm.weight": torch.ones(d, dtype=torch.float64),
                    p + "post_attention_layernorm.weight": torch.ones(d, dtype=torch.float64)})
-        var *= 1 + w.read_gain ** 2
-        rms = math.sqrt((const * const + var * content) / d)
-        scale = rms / math.sqrt(content * var)
-        gate, up, down = (torch.zeros(inter, d, dtype=torch.float64), torch.zeros(inter, d, dtype=torch.float64),
-                          torch.zeros(d, inter, dtype=torch.float64))
-        gate[:, 1:] = randn(inter, content) * scale * 2
-        up[:, 1:] = randn(inter, content) * scale
-        down[1:, :] = randn(content, inter) * (w.mlp_gain * math.sqrt(var) / math.sqrt(inter))
-        sd.update({p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up, p + "mlp.down_proj.weight": down})
-        var *= 1 + w.mlp_gain ** 2
-    sd["model.norm.weight"] = torch.ones(d, dtype=torch.float64)
-    head = torch.zeros(vocab, d, dtype=torch.float64)
-    rms = math.sqrt((const * const + var * content) / d)
-    head[:, 1:] = randn(vocab, content) * (4 / math.sqrt(content) * rms / math.sqrt(var))  # logits ~ N(0, 4^2)
-    head[:special_tokens] = 0  # never a greedy choice: outputs run to max_new_tokens
-    sd["lm_head.weight"] = head
-    return sd
+        var = mlp_layer(sd, p, randn, w, d, inter, content, const, var)
+    return final_norm_and_head(sd, randn, d, vocab, content, const, var, special_tokens)
 
 
 def model(spec, vocab: int, bos: int, eos: int, special_tokens: int):

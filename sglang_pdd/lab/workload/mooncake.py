@@ -67,6 +67,30 @@ def token_ids_for_blocks(hash_ids: Sequence[int], input_length: int, vocab_size:
     return out
 
 
+def add_trace_options(group) -> None:
+    """The --trace-* options of a Mooncake-format replay (the simulator's and the benchmark's CLIs);
+    `options_from(args)` reads them back."""
+    group.add_argument("--trace-from", type=float, default=0.0, help="keep records from this trace time, s (default 0)")
+    group.add_argument("--trace-to", type=float, default=float("inf"),
+                       help="keep records before this trace time, s (default: to the end)")
+    group.add_argument("--trace-speedup", type=float, default=1.0,
+                       help="compress time: replay k x faster, k < 1 slower (default 1)")
+    group.add_argument("--trace-length-scale", type=float, default=1.0,
+                       help="scale block size, prompt and output lengths by this factor in (0, 1], for a model "
+                            "with a smaller context or a slower box (default 1)")
+    group.add_argument("--trace-max-context", type=int, default=None,
+                       help="drop records whose scaled input + output exceed this (default: keep all)")
+
+
+def options_from(args) -> "MooncakeOptions":
+    """MooncakeOptions from `add_trace_options`' arguments; ValueError naming --trace-* when out of range."""
+    try:
+        return MooncakeOptions(args.trace_from, args.trace_to, args.trace_speedup, args.trace_length_scale,
+                               args.trace_max_context)
+    except ValueError as e:
+        raise ValueError(f"--trace-*: {e}") from None
+
+
 @dataclass(frozen=True)
 class MooncakeOptions:
     start_s: float = 0.0  # keep records with start_s <= timestamp < end_s (trace time)
