@@ -1,5 +1,6 @@
 """The PDD router's HTTP front: sglang-native /generate, OpenAI /v1/completions and
-/v1/chat/completions (streaming SSE and not), /v1/models, /health, /metrics.
+/v1/chat/completions (streaming SSE and not), /v1/models, /metrics, and three probes: /live (the process
+serves), /ready (some pipeline can serve a request: `router.readiness`), /health (every role in service).
 
 Clients come in through the front door (`router.front_door`: read deadlines, the connection cap;
 `router.client_auth`: API keys; `router.in_flight`: request caps); serve with `RouterApp.serve`."""
@@ -21,6 +22,7 @@ from sglang_pdd.router.dispatch import PIPELINE_MODES, Dispatcher, Outcome, Requ
 from sglang_pdd.router.front_door import FrontDoor, FrontDoorConfig
 from sglang_pdd.router.in_flight import InFlight
 from sglang_pdd.router.prepare import Busy, Prepared, Preparer
+from sglang_pdd.router.readiness import readiness
 from sglang_pdd.router.router_metrics import FirstToken, RouterMetrics  # noqa: F401 (RouterMetrics: imported from here)
 from sglang_pdd.router.stitch import Delta
 
@@ -55,6 +57,7 @@ class RouterApp:
             web.post("/generate", self.generate), web.post("/v1/completions", self.completions),
             web.post("/v1/chat/completions", self.chat), web.get("/v1/models", self.models),
             web.get("/health", self.health), web.get("/metrics", self.metrics_page),
+            web.get("/live", self.live), web.get("/ready", self.ready),
         ])
         app.on_startup.append(lambda _: self.d.start())
         app.on_cleanup.append(lambda _: self.d.close())
@@ -68,8 +71,19 @@ class RouterApp:
         """Serve through the front door until SIGINT/SIGTERM."""
         front_door.serve(self.app, self.door, host, port)
 
+    async def live(self, _req):
+        """Liveness: 200 while the event loop serves; no peer is asked (a WAN cut must not restart us)."""
+        return web.json_response({"status": "live"})
+
+    async def ready(self, _req):
+        """Readiness: 200 while some pipeline can serve a request (RLD alone counts), else 503 saying
+        what is missing (`router.readiness`)."""
+        r = readiness(self.d.prefill, self.d.relay, self.d.main, self.d.cfg.migration_limit)
+        return web.json_response(r.body(), status=200 if r.ready else 503)
+
     async def health(self, _req):
-        """200 while every configured role has a peer in service, else 503; the body lists the peers out."""
+        """200 while every configured role has a peer in service, else 503; the body lists the peers out.
+        Stricter than /ready (a dashboard's "all well"; test harnesses wait on it for every role)."""
         pools = [pool for pool in (self.d.prefill, self.d.relay, self.d.main) if pool]
         out = {pool.role: [p.url for p in pool.out()] for pool in pools}
         down = [pool.role for pool in pools if len(out[pool.role]) == len(pool.peers)]

@@ -1,10 +1,10 @@
 """Client authentication at the router: OpenAI-style `Authorization: Bearer KEY`.
 
 With one or more API keys configured (`--api-key`, or `SGLANG_PDD_ROUTER_API_KEY`), every request but
-`/health` and `/metrics` (k8s probes, Prometheus) must carry one of them; otherwise it is answered 401
-with an OpenAI-shaped error (`refused{reason="auth"}`). Keys are compared as SHA-256 digests with
-`hmac.compare_digest`, against every key (the time taken says nothing of which key, or how much of it,
-matched). A request's client, for the per-client in-flight cap (`router.in_flight`), is then the key it
+the probes (`/live`, `/ready`, `/health`) and `/metrics` (Kubernetes, Prometheus) must carry one of
+them; otherwise it is answered 401 with an OpenAI-shaped error (`refused{reason="auth"}`). Keys are
+compared as SHA-256 digests with `hmac.compare_digest`, against every key (the time taken says nothing
+of which key, or how much of it, matched). A request's client, for the per-client in-flight cap (`router.in_flight`), is then the key it
 presented (as its index, never the key), else the peer address.
 """
 
@@ -18,7 +18,7 @@ from typing import Sequence
 from aiohttp import web
 
 ENV_API_KEY = "SGLANG_PDD_ROUTER_API_KEY"  # one key, or several separated by commas
-OPEN_PATHS = frozenset({"/health", "/metrics"})
+OPEN_PATHS = frozenset({"/live", "/ready", "/health", "/metrics"})  # probes and scrapes
 CLIENT = "pdd_client"  # the request's client key (request[CLIENT]), for the per-client cap
 
 

@@ -1,8 +1,9 @@
 """How many requests the router serves at once: in all (`--max-in-flight`; over it 503) and per client
 (`--max-in-flight-per-client`; over it 429), both with Retry-After. A client is its API key when the
-router has keys (`router.client_auth`), else its peer address. `/health` and `/metrics` are not counted
-(probes and scrapes must get through a full router). A request counts from its head to its response's
-end, its body read and tokenization included.
+router has keys (`router.client_auth`), else its peer address. The probes (`/live`, `/ready`, `/health`)
+and `/metrics` are not counted (`client_auth.OPEN_PATHS`: probes and scrapes must get through a full
+router). A request counts from its head to its response's end, its body read and tokenization
+included.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """examples/kubernetes: the overlays render (the lite renderer, and kubectl kustomize where installed) to
 the committed rendered/ files, every document validates against the Kubernetes schemas offline
 (kubernetes-validate, strict: unknown fields fail), and the manifests do what the README promises:
-one site per overlay (and each pod labelled with it, for Prometheus' `site`), probes on /health,
-Prometheus annotations, the secret mounted from a Secret and named by SGLANG_PDD_SECRET_FILE, decode
-roles at TP 1 on sglang's default overlap scheduler streaming incrementally, and every flag known to
-sglang's parser, the plugin and the router."""
+one site per overlay (and each pod labelled with it, for Prometheus' `site`), probes (liveness never
+asks a peer: the router's /live, the roles' /health without sglang's generate; readiness: the router's
+/ready, the roles' /health_generate), Prometheus annotations, the secret mounted from a Secret and
+named by SGLANG_PDD_SECRET_FILE, decode roles at TP 1 on sglang's default overlap scheduler streaming
+incrementally, and every flag known to sglang's parser, the plugin and the router."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+import types
 
 import pytest
 import yaml
@@ -77,14 +79,35 @@ def deployments(docs):
     return [d for (k, _), d in docs.items() if k == "Deployment"]
 
 
+# liveness never asks a peer (a WAN cut must restart nothing); readiness: the router can serve (RLD alone
+# counts), a role generates one token on a fake bootstrap. Roles' /health without its generate: pdd-settings.
+PROBES = {True: {"livenessProbe": "/live", "readinessProbe": "/ready"},
+          False: {"livenessProbe": "/health", "readinessProbe": "/health_generate", "startupProbe": "/health"}}
+
+
+def test_liveness_never_depends_on_peers(site):
+    from sglang.srt.environ import envs
+
+    from sglang_pdd.lab.testing import fake_upstream as fu
+    from sglang_pdd.router.app import RouterApp
+
+    _, docs = site
+    assert docs[("ConfigMap", "pdd-settings")]["data"]["SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"] == "false"
+    assert hasattr(envs, "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION")  # sglang's name for it, still read
+    app = RouterApp(types.SimpleNamespace(start=None, close=None), fu.CharTokenizer(), "m")
+    routes = {r.resource.canonical for r in app.app.router.routes() if r.method == "GET"}
+    assert set(PROBES[True].values()) <= routes and "/health" in routes
+
+
 def test_probes_metrics_and_services(site):
     _, docs = site
     for d in deployments(docs):
         pod = d["spec"]["template"]
         (c,) = pod["spec"]["containers"]
         http = next(p["containerPort"] for p in c["ports"] if p["name"] == "http")
-        for probe in ("readinessProbe", "livenessProbe"):
-            assert c[probe]["httpGet"] == {"path": "/health", "port": http}, (d["metadata"]["name"], probe)
+        want = PROBES[d["metadata"]["labels"]["sglang-pdd/role"] == "router"]
+        for probe, path in want.items():
+            assert c[probe]["httpGet"] == {"path": path, "port": http}, (d["metadata"]["name"], probe)
         ann = pod["metadata"]["annotations"]
         assert ann["prometheus.io/scrape"] == "true" and ann["prometheus.io/port"] == str(http)
         assert ann["prometheus.io/path"] == "/metrics"
