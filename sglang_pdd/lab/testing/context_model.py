@@ -144,18 +144,7 @@ def construct(cfg, w: ContextWeights, seed: int, special_tokens: int) -> dict:
     d, heads, kv_heads, hd, layers, inter, vocab = (
         cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.num_hidden_layers,
         cfg.intermediate_size, cfg.vocab_size)
-    gen = torch.Generator().manual_seed(seed)
-
-    def randn(*shape):
-        return torch.randn(*shape, generator=gen, dtype=torch.float64)
-
-    content = d - 1
-    const = w.constant * math.sqrt(content)
-    sd: dict[str, torch.Tensor] = {}
-    emb = torch.zeros(vocab, d, dtype=torch.float64)
-    emb[:, 0] = const
-    emb[:, 1:] = randn(vocab, content)
-    sd["model.embed_tokens.weight"] = emb
+    randn, sd, content, const = seeded_embedding(seed, vocab, d, w)
     freqs = rope_frequencies(hd, w.rope_theta)
     offsets = read_offsets(layers, heads, w.reach, w.local)
     var = 1.0  # mean square of a content entry of the residual
@@ -218,3 +207,22 @@ def final_norm_and_head(sd: dict, randn, d: int, vocab: int, content: int, const
     head[:special_tokens] = 0  # never a greedy choice: outputs run to max_new_tokens
     sd["lm_head.weight"] = head
     return sd
+
+
+def seeded_embedding(seed: int, vocab: int, d: int, w: "ContextWeights"):
+    """(randn, state dict, content channels, constant): the seeded float64 generator every later weight
+    draws from, and the embedding (channel 0 the constant, the rest N(0, 1) content). Shared by the MHA
+    and the MLA test models; the draw order is the models' identity."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+    content = d - 1
+    const = w.constant * math.sqrt(content)
+    emb = torch.zeros(vocab, d, dtype=torch.float64)
+    emb[:, 0] = const
+    emb[:, 1:] = randn(vocab, content)
+    return randn, {"model.embed_tokens.weight": emb}, content, const

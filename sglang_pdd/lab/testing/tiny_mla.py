@@ -34,7 +34,7 @@ import math
 
 import numpy as np
 
-from sglang_pdd.lab.testing.context_model import (ContextWeights, final_norm_and_head, kernel, mlp_layer,
+from sglang_pdd.lab.testing.context_model import (ContextWeights, final_norm_and_head, kernel, mlp_layer, seeded_embedding,
                                                    read_offsets, rope_frequencies)
 
 SERVER_ENV = {"SGLANG_PDD_CPU_AMX_ATTENTION": "1"}
@@ -76,18 +76,7 @@ def construct(cfg, w: ContextWeights, seed: int, special_tokens: int) -> dict:
     d, heads, layers, inter, vocab = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_hidden_layers,
                                       cfg.intermediate_size, cfg.vocab_size)
     rope, nope, vd, rank = cfg.qk_rope_head_dim, cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank
-    gen = torch.Generator().manual_seed(seed)
-
-    def randn(*shape):
-        return torch.randn(*shape, generator=gen, dtype=torch.float64)
-
-    content = d - 1
-    const = w.constant * math.sqrt(content)
-    sd: dict[str, torch.Tensor] = {}
-    emb = torch.zeros(vocab, d, dtype=torch.float64)
-    emb[:, 0] = const
-    emb[:, 1:] = randn(vocab, content)
-    sd["model.embed_tokens.weight"] = emb
+    randn, sd, content, const = seeded_embedding(seed, vocab, d, w)
     freqs = rope_frequencies(rope, w.rope_theta)
     offsets = read_offsets(layers, heads, w.reach, w.local)
     k_unit = torch.from_numpy(_interleave(np.ones(rope // 2), np.zeros(rope // 2)))
