@@ -5,7 +5,9 @@ latency bound. P gathers the missed rows into one contiguous buffer (`pack_kv`),
 few large slices, and MD scatters it into its own slots (`unpack_kv`). Slot numbers never cross: each side
 passes its own slot list, in the same token order.
 
-    k_buffers, v_buffers  one tensor per layer, [num_slots, heads, head_dim] (MHATokenToKVPool.k_buffer/v_buffer)
+    k_buffers, v_buffers  one tensor per layer, [num_slots, heads, head_dim] (MHATokenToKVPool.k_buffer/v_buffer);
+                          an MLA pool passes its latent buffers [num_slots, 1, kv_lora_rank + rope] as
+                          k_buffers and no v_buffers (MLATokenToKVPool.kv_buffer, [])
     slots                 [n] int32/int64 slot of each token, in token order
 
 `fp8=True` (opt-in) stores e4m3 with one fp32 scale per (layer, token, head): about half the bytes of a
@@ -53,15 +55,17 @@ def _check_buffers(name: str, bufs: list[torch.Tensor]) -> None:
 
 def check_kv_buffers(k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor], slots: torch.Tensor,
                      validate_indices: bool, unique: bool) -> None:
-    """Raise KernelArgumentError unless the buffers form an MHA pool and `slots` index it."""
+    """Raise KernelArgumentError unless the buffers form an MHA pool (or, with no V buffers, an MLA
+    pool's latent buffers) and `slots` index it."""
     _check_buffers("k_buffers", k_buffers)
-    _check_buffers("v_buffers", v_buffers)
-    require(len(k_buffers) == len(v_buffers), f"{len(k_buffers)} K layers but {len(v_buffers)} V layers")
-    require(k_buffers[0].dtype == v_buffers[0].dtype and k_buffers[0].shape[0] == v_buffers[0].shape[0],
-            "K and V buffers must share dtype and slot count")
+    if v_buffers:
+        _check_buffers("v_buffers", v_buffers)
+        require(len(k_buffers) == len(v_buffers), f"{len(k_buffers)} K layers but {len(v_buffers)} V layers")
+        require(k_buffers[0].dtype == v_buffers[0].dtype and k_buffers[0].shape[0] == v_buffers[0].shape[0],
+                "K and V buffers must share dtype and slot count")
     require_dim("slots", slots, 1)
     require_dtype("slots", slots, INDEX_DTYPES)
-    require_same_device({"k_buffers": k_buffers[0], "v_buffers": v_buffers[0], "slots": slots})
+    require_same_device({"k_buffers": k_buffers[0], "v_buffers": (v_buffers or k_buffers)[0], "slots": slots})
     if validate_indices:
         require_index_range("slots", slots, k_buffers[0].shape[0])
         if unique and slots.numel() > 1:
@@ -104,6 +108,8 @@ def launch_pack_kernels(layout: PackLayout, packed: torch.Tensor, k_buffers: lis
     if n == 0:
         return
     for kind, bufs in (("k", k_buffers), ("v", v_buffers)):
+        if not bufs:  # MLA: no V region
+            continue
         table = _ptr_table(bufs)
         heads, dim, slot_stride = bufs[0].shape[1], bufs[0].shape[2], bufs[0].stride(0)
         data = layout.data_view(packed, kind)

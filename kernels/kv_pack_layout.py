@@ -8,6 +8,10 @@ One flat uint8 buffer per request transfer:
 Each data region is [layer][token][heads * head_dim] (token = position in the slot list, not the slot
 number), so both sides only need the same geometry and token count, never each other's slot numbers.
 Regions start at 16-byte boundaries.
+
+An MLA pool (DeepSeek-style latent KV: one buffer per layer, no K/V split) packs as K alone: its latent
+rows `[kv_lora_rank | qk_rope_head_dim]` are the K region (one "head" of that width, so fp8 keeps one
+scale per (layer, token)), and the V region is empty (`v_heads = v_head_dim = 0`).
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ def _align(n: int) -> int:
 
 @dataclass(frozen=True)
 class PackLayout:
-    """Geometry of one packed transfer: `num_tokens` rows of `num_layers` K and V buffers."""
+    """Geometry of one packed transfer: `num_tokens` rows of `num_layers` K and V buffers (MLA: K alone,
+    `v_heads = v_head_dim = 0`)."""
 
     num_layers: int
     num_tokens: int
@@ -46,8 +51,14 @@ class PackLayout:
     def for_buffers(
         cls, k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor], num_tokens: int, fp8: bool = False
     ) -> "PackLayout":
-        k, v = k_buffers[0], v_buffers[0]
-        return cls(len(k_buffers), num_tokens, k.shape[1], k.shape[2], v.shape[1], v.shape[2], k.dtype, fp8)
+        k = k_buffers[0]
+        v_heads, v_dim = (v_buffers[0].shape[1], v_buffers[0].shape[2]) if v_buffers else (0, 0)
+        return cls(len(k_buffers), num_tokens, k.shape[1], k.shape[2], v_heads, v_dim, k.dtype, fp8)
+
+    @property
+    def latent(self) -> bool:
+        """One buffer per layer (MLA): no V region."""
+        return self.v_heads == 0
 
     def row(self, kind: Kind) -> int:
         return self.k_heads * self.k_head_dim if kind == "k" else self.v_heads * self.v_head_dim

@@ -2,6 +2,7 @@
 
 Same layout as the Triton kernels (`kv_pack.PackLayout`): K rows of all layers, then V rows, each region
 [layer][token][heads * head_dim]; with fp8, e4m3 payloads and then fp32 scales, one per (layer, token, head).
+An MLA pool passes its latent buffers as K and no V buffers (an empty V region).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ def pack_kv_ref(
     """Gather rows `slots` of every layer's K and V into `out` (uint8, layout.nbytes); returns out."""
     idx = slots.long()
     for kind, bufs in (("k", k_buffers), ("v", v_buffers)):
+        if not bufs:  # MLA: the latent rows are all in K
+            continue
         rows = torch.stack([b[idx] for b in bufs])  # [L, n, H, D]
         if layout.fp8:
             q, scale = quantize_fp8_blocks(rows)
@@ -53,6 +56,8 @@ def unpack_kv_ref(
     """Scatter the packed rows into rows `slots` of every layer's K and V; touches nothing else."""
     idx = slots.long()
     for kind, bufs in (("k", k_buffers), ("v", v_buffers)):
+        if not bufs:
+            continue
         heads, dim = bufs[0].shape[1], bufs[0].shape[2]
         shape = (len(bufs), layout.num_tokens, heads, dim)
         if layout.fp8:

@@ -70,10 +70,11 @@ def warm_up_handoff(q_heads: int, kv_heads: int, head_dim: int, v_head_dim: int,
 def warm_up_pack(layers: int, k_heads: int, k_head_dim: int, v_heads: int, v_head_dim: int,
                  dtype: torch.dtype, device: torch.device, fp8: bool, tokens: int = 64,
                  backend: str = "auto") -> WarmupReport:
-    """Pack some rows and unpack them elsewhere (the WAN path's two kernels); check the round trip."""
+    """Pack some rows and unpack them elsewhere (the WAN path's two kernels); check the round trip.
+    `v_heads = 0`: an MLA pool's latent buffers alone."""
     t0, rep = time.perf_counter(), WarmupReport()
     k = [_pool(4 * tokens, k_heads, k_head_dim, dtype, device, seed=10 + i) for i in range(layers)]
-    v = [_pool(4 * tokens, v_heads, v_head_dim, dtype, device, seed=20 + i) for i in range(layers)]
+    v = [_pool(4 * tokens, v_heads, v_head_dim, dtype, device, seed=20 + i) for i in range(layers)] if v_heads else []
     src = torch.randperm(2 * tokens, generator=torch.Generator().manual_seed(5))[:tokens].to(device)
     dst = (2 * tokens + torch.randperm(2 * tokens, generator=torch.Generator().manual_seed(6))[:tokens]).to(device)
     packed, _ = pack_kv(k, v, src, fp8=fp8, backend=backend)

@@ -81,6 +81,12 @@ def _gauge(name: str, doc: str, labels: tuple[str, ...]):
         return _metrics[name]
 
 
+def set_lane_queued(path: str, peer: str, nbytes: int) -> None:
+    """KV bytes queued on P's lane to `peer` (its receiver session host:port), not yet written."""
+    _gauge("lane_queued_bytes", "KV bytes queued on a transfer lane, not yet written", ("path", "peer")).labels(
+        path, peer).set(nbytes)
+
+
 def record_handoff(role: str, k: int) -> None:
     """One one-shot handoff of k eager tokens (counted on the relay and on the main side)."""
     _counter("handoffs", "Extend-decode handoffs", ("role",)).labels(role).inc()

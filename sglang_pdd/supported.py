@@ -62,17 +62,25 @@ def unsupported(cfg: PddConfig, args: Any) -> list[str]:
 
 def unsupported_kv_pool(cfg: PddConfig, pool: Any) -> str | None:
     """A PDD role on a KV pool it is not proven on, as one line (None: proven, or no role). Proven:
-    sglang's MHA pools (MHA, GQA, MQA attention: `MHATokenToKVPool` and its subclasses). Not yet: MLA
-    (DeepSeek-style, `MLATokenToKVPool`), sliding-window and hybrid linear-attention pools, whose
-    pages the fan-out, the packed WAN path and the handoff EXTEND have not been checked against."""
+    sglang's MHA pools (MHA, GQA, MQA attention: `MHATokenToKVPool` and its subclasses) and MLA pools
+    (DeepSeek-V2/V3-style latent KV: `MLATokenToKVPool` and its subclasses, one latent buffer per
+    layer): the fan-out, the decode radix cache, the token-ID handoff and MD's EXTEND (on MLA through
+    sglang's own MLA extend), the packed WAN path (on the plain classes; the pool view sends any other
+    page by page). Not yet: sparse indexed attention (DSA/NSA: DeepSeek-V3.2, `DSATokenToKVPool`),
+    sliding-window and hybrid linear-attention pools, whose pages the fan-out and the handoff EXTEND
+    have not been checked against."""
     if not cfg.active:
         return None
-    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+    from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool, MHATokenToKVPool, MLATokenToKVPool
 
-    if isinstance(pool, MHATokenToKVPool):
+    role, kind = f"--pdd-role {cfg.role.value}", type(pool).__name__
+    if isinstance(pool, DSATokenToKVPool):  # an MLATokenToKVPool subclass
+        return (f"{role} does not run on sparse indexed attention (DSA/NSA, DeepSeek-V3.2 class), this model's KV "
+                f"pool is {kind} (not proven with PDD): serve this model without --pdd-role")
+    if isinstance(pool, (MHATokenToKVPool, MLATokenToKVPool)):
         return None
-    return (f"--pdd-role {cfg.role.value} runs only on sglang's MHA KV pools (MHA, GQA or MQA attention), "
-            f"this model's is {type(pool).__name__} (MLA, sliding-window and hybrid attention are not proven "
+    return (f"{role} runs only on sglang's MHA and MLA KV pools (MHA, GQA, MQA or DeepSeek-style latent "
+            f"attention), this model's KV pool is {kind} (sliding-window and hybrid linear attention are not proven "
             "with PDD yet): serve this model without --pdd-role")
 
 

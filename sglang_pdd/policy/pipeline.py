@@ -4,10 +4,18 @@ Only two pipelines exist: P->MD (the missed KV crosses the WAN fast enough) and 
 (RLD hides a long WAN transfer by decoding the first tokens next to P, then hands over to MD).
 P->RLD alone is never chosen, except for *odd traffic*: a short output (< threshold tokens)
 whose WAN transfer would outlast its whole decode on RLD; RLD finishes it and the WAN transfer
-is cancelled. `allow_relay_only` exists only to reproduce the relay-only oscillation (docs/sim.md, Oscillation).
+is cancelled; and while no MD is in service (a WAN cut takes every MD of a site out) but a P and an
+RLD are: RLD serves the request alone, none goes to an MD that is out only to reach RLD through a
+migration after its idle deadline (`in_service`, which the router's placement reads from its peers'
+health; the simulator's roles are always in service). `allow_relay_only` exists only to reproduce
+the relay-only oscillation (docs/sim.md, Oscillation).
 
-WAN time is predicted as missed bytes / estimated bandwidth + RTT, where missed bytes are the
-prompt tokens beyond MD's radix-cache hit times the KV bytes per token.
+WAN time is predicted as (bytes queued ahead on the chosen P's lane to MD's site + missed bytes) /
+estimated bandwidth + RTT, where missed bytes are the prompt tokens beyond MD's radix-cache hit times
+the KV bytes per token (`policy.site_links`, `policy.wan_queue`). With a TTFT SLA (`ttft_slo_s`, the
+router's `--ttft-slo-secs`) the decision is the never-lose one (`policy.never_lose`): P->MD within
+half the SLA, else relay only while the chosen P has no queue (`prefill_state`, which the router's
+placement reads from P's gauges), else P->MD.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import enum
 import math
 import logging
 from dataclasses import dataclass
+from typing import Callable
 
 from sglang_pdd.policy.bandwidth import BandwidthEstimator
 from sglang_pdd.policy.site_links import SiteLinks
@@ -29,9 +38,35 @@ class Pipeline(str, enum.Enum):
     P_RLD = "P->RLD"
 
 
+# The reason of a request sent P->RLD because no MD is in service (a metric label reads its start).
+NO_MAIN = "no main server in service: the relay serves it alone"
+
+
+@dataclass(frozen=True)
+class InService:
+    """Which roles have a server in service now (the router: its peers' health)."""
+
+    prefill: bool = True
+    relay: bool = True
+    main: bool = True
+
+    @property
+    def relay_alone(self) -> bool:
+        """Every MD is out and a P and an RLD are in service: RLD alone can serve a request."""
+        return self.prefill and self.relay and not self.main
+
+
 class RouteBy(str, enum.Enum):
     BANDWIDTH = "bandwidth"  # predicted WAN time against a budget (ours)
     HIT_THRESHOLD = "hit-threshold"  # MD hit rate against a fixed threshold
+
+
+@dataclass(frozen=True)
+class PrefillState:
+    """The P chosen for the request, as the router sees it (its URL, its waiting queue)."""
+
+    url: str
+    waiting: float = 0.0  # requests waiting for a prefill forward on it (its `sglang:num_queue_reqs`)
 
 
 @dataclass(frozen=True)
@@ -74,18 +109,23 @@ class PipelinePolicyConfig:
     allow_relay_only: bool = False  # reproduce the relay-only oscillation (docs/sim.md): low hit -> P->RLD
     relay_only_below_hit: float = 0.9
     relay_only_max_rld_usage: float = math.inf  # an overload guard: relay-only stops above this
+    ttft_slo_s: float = 0.0  # > 0: the never-lose decision, budget half of it (0: wan_budget_s, no slack rule)
 
     def __post_init__(self) -> None:
-        if self.kv_bytes_per_token <= 0 or self.wan_budget_s < 0 or self.rld_tpot_s <= 0:
+        if self.kv_bytes_per_token <= 0 or self.wan_budget_s < 0 or self.rld_tpot_s <= 0 or self.ttft_slo_s < 0:
             raise ValueError(f"invalid pipeline policy config {self}")
 
 
 class PipelinePolicy:
-    """`bandwidth`, `rtt_s`: the default link; `links` adds one per site (`policy.site_links`)."""
+    """`bandwidth`, `rtt_s`: the default link; `links` adds one per site (`policy.site_links`).
+    `in_service`: which roles have a server in service now (every role by default; the router's
+    `Placement` sets it from its peer pools)."""
 
     def __init__(self, cfg: PipelinePolicyConfig, bandwidth: BandwidthEstimator, rtt_s: float,
                  links: SiteLinks | None = None):
         self.cfg, self.bandwidth, self.rtt_s = cfg, bandwidth, rtt_s
+        self.in_service: Callable[[], InService] = InService
+        self.prefill_state: Callable[[], PrefillState | None] = lambda: None  # the placement's chosen P
         self.links = links if links is not None else SiteLinks.single(bandwidth, rtt_s)
         if self.links.default.bandwidth is not bandwidth:
             raise ValueError("links.default must be the policy's own bandwidth estimator")
@@ -94,17 +134,25 @@ class PipelinePolicy:
         hit = min(max(inp.md_prefix_hit, 0), inp.input_len)
         return (inp.input_len - hit) * self.cfg.kv_bytes_per_token
 
-    def predict_wan_s(self, missed_bytes: int, site: str = "") -> float:
-        return self.links.of(site).predict_s(missed_bytes)
+    def predict_wan_s(self, missed_bytes: int, site: str = "", prefill: str = "") -> float:
+        return self.links.of(site).predict_s(missed_bytes, prefill)
 
     def decide(self, inp: RouteInputs) -> RouteDecision:
         cfg = self.cfg
         missed = self.missed_bytes(inp)
-        wan = self.predict_wan_s(missed, inp.site)
+        pf = self.prefill_state()
+        wan = self.predict_wan_s(missed, inp.site, pf.url if pf is not None else "")
 
         def out(p: Pipeline, why: str) -> RouteDecision:
+            if p is not Pipeline.P_RLD and pf is not None:  # MD's leg: on P's lane until P's next page says so
+                self.links.of(inp.site).routed_to(pf.url, missed)
             return RouteDecision(p, why, missed, wan)
 
+        if self.in_service().relay_alone:
+            return out(Pipeline.P_RLD, NO_MAIN)
+        if cfg.ttft_slo_s > 0 and cfg.route_by is RouteBy.BANDWIDTH and not cfg.allow_relay_only:
+            d = self._never_lose(inp, missed, pf)
+            return out(d.pipeline, d.reason)
         if cfg.route_by is RouteBy.HIT_THRESHOLD:
             fits = inp.md_hit_rate >= cfg.hit_threshold
             fit_why = f"MD hit {inp.md_hit_rate:.3f} >= {cfg.hit_threshold}"
@@ -122,3 +170,14 @@ class PipelinePolicy:
             return out(Pipeline.P_RLD, f"relay-only allowed: MD hit {inp.md_hit_rate:.3f} < "
                        f"{cfg.relay_only_below_hit}")
         return out(Pipeline.P_RLD_MD, f"WAN {wan:.3f}s too slow for P->MD: RLD hides it")
+
+    def _never_lose(self, inp: RouteInputs, missed: int, pf: PrefillState | None):
+        from sglang_pdd.policy import never_lose  # it names this module's Pipeline
+
+        link = self.links.of(inp.site)
+        rate = link.bandwidth.bytes_per_s
+        busy = pf is not None and pf.waiting > 0  # the router sees whether P has a queue, not its length in s
+        obs = never_lose.Observation(missed, inp.max_output_tokens, [link.queued_bytes(pf.url if pf else "")], rate,
+                                     rate, link.rtt_s, math.inf if busy else 0.0, self.cfg.rld_tpot_s, fifo=True)
+        cfg = never_lose.NeverLoseConfig(self.cfg.ttft_slo_s / 2, 0.0, self.cfg.odd_output_threshold, warm_md=False)
+        return never_lose.decide(cfg, obs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 
-from sglang_pdd import test_switches
+from sglang_pdd import metrics, test_switches
 from sglang_pdd.config import ENV_SECRET, PddConfig
 from sglang_pdd.protocol.request_auth import verifier_or_none
 from sglang_pdd.process_state.transfer_ledger import LEDGER
@@ -18,7 +18,8 @@ logger = logging.getLogger(__name__)
 
 REGISTRY = FanoutRegistry()
 LANES = MainLanes(REGISTRY, thread_context=lambda: LEDGER.path(MAIN_PATH),
-                  on_relay_sessions=lambda sessions: LEDGER.tag_sessions(sessions, RELAY_PATH))
+                  on_relay_sessions=lambda sessions: LEDGER.tag_sessions(sessions, RELAY_PATH),
+                  on_queued=lambda peer, n: metrics.set_lane_queued(MAIN_PATH, peer, n))
 
 
 @functools.lru_cache(maxsize=1)

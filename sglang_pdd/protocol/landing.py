@@ -14,7 +14,8 @@ The tag is the offer's: `block_tag(room, generation)`, drawn by MD per offer (th
 MD's offers), so an entry a late write puts into a region that has been released and offered to
 another room since carries a tag its new owner does not expect, and is rejected.
 
-A block is `kernels.PackLayout(num_tokens = n_pages * page_size)` of the pool's geometry. Pages not
+A block is `kernels.PackLayout(num_tokens = n_pages * page_size)` of the pool's geometry (an MLA pool's:
+one latent buffer per layer as K, `v_heads = v_head_dim = 0`). Pages not
 named by any entry were written page by page (P may fall back per chunk): MD leaves them alone.
 """
 
@@ -92,8 +93,10 @@ def decode_offer(frame: bytes) -> LandingOffer | None:
         raise LandingError(f"landing offer version {offer.v}, this side speaks {LANDING_VERSION}")
     ints = (offer.ptr, offer.size, offer.table_entries, offer.data_off, offer.page_size, offer.num_pages,
             offer.layers, offer.k_heads, offer.k_head_dim, offer.v_heads, offer.v_head_dim)
-    if min(ints) < 0 or min(ints[4:]) < 1 or offer.table_entries < 1:
+    if min(ints) < 0 or min(ints[4:9]) < 1 or offer.table_entries < 1:
         raise LandingError(f"landing offer with a non-positive size: {offer}")
+    if (offer.v_heads == 0) != (offer.v_head_dim == 0):  # both 0: an MLA pool's latent rows, no V
+        raise LandingError(f"landing offer with V heads but no V head dim, or the reverse: {offer}")
     if offer.data_off < offer.table_entries * ENTRY.size or offer.data_off % BLOCK_ALIGN or offer.data_off > offer.size:
         raise LandingError(f"landing offer's data area overlaps its table or the region: {offer}")
     if not 0 < offer.tag <= TAG_MASK:

@@ -21,9 +21,7 @@ With relays the router needs the secret RLD and MD hold (`SGLANG_PDD_SECRET` or
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
 import sys
 from urllib.parse import urlparse
 
@@ -40,7 +38,7 @@ from sglang_pdd.router.client_auth import keys_from
 from sglang_pdd.router.front_door import FrontDoorConfig
 from sglang_pdd.router.dispatch import DispatchConfig, Dispatcher
 from sglang_pdd.router.peers import Peer, PeerPool
-from sglang_pdd.router import flags, role_auth
+from sglang_pdd.router import flags, kv_bytes, role_auth
 
 
 def _peer_args(values: list[list[str]], role: str, default_port: int | None, flag: str) -> list[Peer]:
@@ -104,14 +102,6 @@ def build_parser() -> argparse.ArgumentParser:
     return flags.build_parser(__doc__.split("\n")[0])
 
 
-def kv_bytes_from_config(model_dir: str) -> int:
-    with open(os.path.join(model_dir, "config.json")) as f:
-        c = json.load(f)
-    head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
-    dtype_bytes = {"float32": 4, "float16": 2, "bfloat16": 2}.get(str(c.get("torch_dtype") or c.get("dtype")), 2)
-    return 2 * c["num_hidden_layers"] * c.get("num_key_value_heads", c["num_attention_heads"]) * head_dim * dtype_bytes
-
-
 def _signer(has_relays: bool) -> ParamsSigner | None:
     """The signer of P's and MD's PDD parameters, from the secret RLD and MD hold; relays need it."""
     try:
@@ -146,15 +136,18 @@ def main(argv: list[str] | None = None) -> int:
     main_ = PeerPool("main", _peer_args(args.main, "main", None, "--main"), args.peer_policy, choice)
     kv_events = _kv_event_args(args.main_kv_events, main_.peers, args.kv_events_topic)
     tok = AutoTokenizer.from_pretrained(args.tokenizer_path)
-    kvb = args.kv_bytes_per_token or kv_bytes_from_config(args.tokenizer_path)
+    kvb = args.kv_bytes_per_token or kv_bytes.from_config(args.tokenizer_path)
     rtt = args.wan_rtt_ms / 1000
     bandwidth = BandwidthEstimator(args.wan_mbit * 1e6 / 8, rtt_s=rtt)
     links = _site_links(args.site, main_.peers, bandwidth, rtt)
+    if args.ttft_slo_secs > 0 and args.allow_relay_only:
+        raise SystemExit("--ttft-slo-secs is not supported with --allow-relay-only (an experiment without an SLA)")
     policy = PipelinePolicy(PipelinePolicyConfig(kv_bytes_per_token=kvb, wan_budget_s=args.wan_budget_s,
                                                  odd_output_threshold=args.odd_output_threshold,
                                                  allow_relay_only=args.allow_relay_only,
                                                  relay_only_below_hit=args.relay_only_below_hit,
-                                                 rld_tpot_s=args.rld_tpot_ms / 1000),
+                                                 rld_tpot_s=args.rld_tpot_ms / 1000,
+                                                 ttft_slo_s=args.ttft_slo_secs),
                             bandwidth, rtt_s=rtt, links=links)
     try:
         idle = {role: getattr(args, f"{role}_idle_timeout") for role in ("prefill", "relay", "main")}
@@ -180,14 +173,40 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         raise SystemExit(f"sglang-pdd router: {e}") from None
     limits = ModelLimits.from_model_dir(args.tokenizer_path, args.context_length)
-    app = RouterApp(d, tok, args.model_name or args.tokenizer_path.rstrip("/").split("/")[-1], args.default_max_tokens,
+    model_name = args.model_name or args.tokenizer_path.rstrip("/").split("/")[-1]
+    openai = openai_frontend(args, model_name)
+    app = RouterApp(d, tok, model_name, args.default_max_tokens,
                     limits=limits, max_body_bytes=int(args.max_body_mb * (1 << 20)), door=door,
                     api_keys=tuple(api_keys), tokenizer_workers=args.tokenizer_threads,
-                    tokenizer_queue=args.tokenizer_queue)
+                    tokenizer_queue=args.tokenizer_queue, openai=openai)
     logging.getLogger(__name__).info("sglang-pdd router: %d prefill, %d relay, %d main; pipeline %s",
                                      len(prefill.peers), len(relay.peers), len(main_.peers), args.pipeline)
     app.serve(args.host, args.port)
     return 0
+
+
+def openai_frontend(args, model_name: str):
+    """sglang's OpenAI chat layer for the router (`router.openai_sglang`), or None for the builtin one;
+    a flag that cannot be served is refused here, naming it."""
+    import importlib.util
+
+    wants = [f for f, v in (("--tool-call-parser", args.tool_call_parser), ("--reasoning-parser", args.reasoning_parser),
+                            ("--chat-template", args.chat_template)) if v is not None]
+    have = importlib.util.find_spec("sglang") is not None
+    if args.openai_frontend == "builtin" or (args.openai_frontend == "auto" and not have):
+        if wants:
+            why = "--openai-frontend builtin" if have else "sglang is not installed beside the router"
+            raise SystemExit(f"sglang-pdd router: {', '.join(wants)} need sglang's OpenAI layer ({why})")
+        return None
+    if not have:
+        raise SystemExit("sglang-pdd router: --openai-frontend sglang needs sglang installed beside the router")
+    from sglang_pdd.router.openai_sglang import OpenAIConfig, SglangOpenAI
+
+    try:
+        return SglangOpenAI(OpenAIConfig(args.tokenizer_path, model_name, args.tool_call_parser,
+                                         args.reasoning_parser, args.chat_template))
+    except ValueError as e:
+        raise SystemExit(f"sglang-pdd router: {e}") from None
 
 
 def _front_door(args) -> tuple[FrontDoorConfig, list[str]]:

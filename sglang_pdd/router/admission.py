@@ -65,15 +65,19 @@ UNSUPPORTED = {
 # silently. Each entry names the values that mean "not asked for" (those pass). To support one, drop
 # its entry here and implement it.
 NOT_YET = {
-    "logprobs": ((None, False), "logprobs is not supported by the PDD router yet (OpenAI logprobs are "
-                                "planned; /generate takes return_logprob)"),
-    "top_logprobs": ((None, 0), "top_logprobs is not supported by the PDD router yet"),
+    "logprobs": ((None, False), "logprobs is served on /v1/chat/completions only (a router with sglang "
+                                "installed); /generate takes return_logprob"),
+    "top_logprobs": ((None, 0), "top_logprobs is served on /v1/chat/completions only (a router with sglang "
+                                "installed)"),
     "lora_path": ((None,), "lora_path is not supported by the PDD router (every role serves its base model)"),
 }
 
 
-def check_not_yet(body: dict) -> None:
+def check_not_yet(body: dict, lifted: tuple[str, ...] = ()) -> None:
+    """`lifted`: keys this endpoint serves (sglang's OpenAI chat layer serves logprobs)."""
     for key, (unset, why) in NOT_YET.items():
+        if key in lifted:
+            continue
         v = body.get(key)
         if not any(v is u or (type(v) is type(u) and v == u) for u in unset):
             raise BadRequest(why)

@@ -16,7 +16,7 @@ from aiohttp import web
 from sglang_pdd.protocol.reply import KEY as REPLY_KEY, MainChoiceMeta, ReplyMeta
 from sglang_pdd.router import openai_api as oa
 from sglang_pdd.router.admission import BadRequest, ModelLimits
-from sglang_pdd.router import front_door
+from sglang_pdd.router import front_door, openai_chat
 from sglang_pdd.router.client_auth import ClientAuth
 from sglang_pdd.router.dispatch import PIPELINE_MODES, Dispatcher, Outcome, RequestFailed
 from sglang_pdd.router.front_door import FrontDoor, FrontDoorConfig
@@ -41,11 +41,14 @@ class RouterApp:
     def __init__(self, dispatcher: Dispatcher, tokenizer, model_name: str, default_max_tokens: int = 128,
                  limits: ModelLimits = ModelLimits(), max_body_bytes: int = 64 << 20,
                  door: FrontDoorConfig = FrontDoorConfig(), api_keys: tuple[str, ...] = (),
-                 tokenizer_workers: int = 4, tokenizer_queue: int = 64):
+                 tokenizer_workers: int = 4, tokenizer_queue: int = 64, openai=None):
+        """`openai`: sglang's OpenAI chat layer (`openai_sglang.SglangOpenAI`) for /v1/chat/completions;
+        None: the router's own minimal one (text only)."""
         self.d, self.tok, self.model = dispatcher, tokenizer, model_name
+        self.openai = openai
         self.default_max_tokens, self.limits = default_max_tokens, limits
         self.metrics = RouterMetrics()
-        self.prep = Preparer(tokenizer, limits, default_max_tokens, tokenizer_workers, tokenizer_queue)
+        self.prep = Preparer(tokenizer, limits, default_max_tokens, tokenizer_workers, tokenizer_queue, openai)
         self.door = FrontDoor(door, self.metrics)
         self.in_flight = InFlight(door.max_in_flight, door.max_in_flight_per_client, door.retry_after_s, self.metrics)
         for name, v in (("connections", door.max_connections), ("in-flight", door.max_in_flight),
@@ -230,12 +233,21 @@ class RouterApp:
         shape = oa.ResponseShape(chat=chat, model=body.get("model") or self.model)
         trim = oa.StopTrim(stops=list(sp.get("stop") or []))
         outcome = Outcome()
-        stream = self.d.generate(ids, sp, {}, outcome)
+        stream = self.d.generate(ids, sp, openai_chat.role_extra(prep.chat[0]) if prep.chat else {}, outcome)
         try:
+            if prep.chat is not None:
+                return await self._sglang_chat(request, prep, stream, outcome, FirstToken(self.metrics, outcome, t0))
             return await self._openai_run(request, body, ids, sp, stream, outcome, FirstToken(self.metrics, outcome, t0),
                                           shape, trim)
         finally:  # as in generate
             await stream.aclose()
+
+    async def _sglang_chat(self, request, prep: Prepared, stream, outcome: Outcome, clock: FirstToken):
+        first, failed = await self._first(stream, clock)
+        if failed is not None:
+            self.metrics.record(outcome, False, 0)
+            return failed
+        return await openai_chat.serve(request, prep, stream, outcome, clock, first, self.metrics, self.openai.chat)
 
     async def _openai_run(self, request, body, ids, sp, stream, outcome: Outcome, clock: FirstToken, shape, trim):
         n_out = 0

@@ -25,7 +25,7 @@ from sglang_pdd.router.migration_limits import MigrationLimits
 from sglang_pdd.router.peer_health import HealthChecker
 from sglang_pdd.router.peers import Peer, PeerPool
 from sglang_pdd.router.request_failure import RequestFailed, RoleFailure, failure_of, timed_out
-from sglang_pdd.policy.pipeline import Pipeline, PipelinePolicy, RouteInputs
+from sglang_pdd.policy.pipeline import NO_MAIN, Pipeline, PipelinePolicy, RouteInputs
 from sglang_pdd.router.bandwidth_feed import TransferRateFeed
 from sglang_pdd.router.placement import MainChoice, Placement
 from sglang_pdd.router.output_view import OutputView
@@ -68,6 +68,7 @@ class Outcome:
     handoff_k: int | None = None
     handoff_mode: str | None = None
     output_logprobs: list | None = None
+    live_logprobs: list | None = None  # the client's tokens' logprobs so far, aligned with its tokens
     md_hit: int | None = None  # prompt tokens the router saw in MD's cache at the decision
     missed_bytes: int | None = None  # MD's predicted missed KV bytes (what P->MD would send over the WAN)
     predicted_wan_s: float | None = None
@@ -136,8 +137,9 @@ class Dispatcher:
         mode = mode or self.cfg.pipeline
         if mode == "direct":
             return Pipeline.P_MD, "pipeline direct"
-        if mode == "relay" or self.policy is None:
-            return Pipeline.P_RLD_MD, "pipeline relay"
+        if mode == "relay" or self.policy is None:  # every MD out: RLD alone (the policy's own rule, else)
+            return (Pipeline.P_RLD, NO_MAIN) if self.placement.in_service().relay_alone else \
+                (Pipeline.P_RLD_MD, "pipeline relay")
         d = self.policy.decide(RouteInputs(len(input_ids), hit, max_new_tokens, site=md.site))
         if outcome is not None:
             outcome.missed_bytes, outcome.predicted_wan_s = d.missed_bytes, d.predicted_wan_s
@@ -155,7 +157,8 @@ class Dispatcher:
             md, outcome.main_choice = mc.peer, mc
             chosen, why = self.choose(input_ids, int(sampling_params.get("max_new_tokens") or 128), mc, outcome,
                                       mode=pipeline)
-            if chosen is not Pipeline.P_MD and _all_out(self.relay) and not _all_out(self.main):
+            up = self.placement.in_service()
+            if chosen is not Pipeline.P_MD and not up.relay and up.main:
                 chosen, why = Pipeline.P_MD, f"{why}; no relay in service"  # not a migration spent on a dead RLD
             outcome.pipeline, outcome.reason = chosen, why
             rld = self.placement.pick_relay(input_ids) if chosen is not Pipeline.P_MD else None
@@ -167,7 +170,7 @@ class Dispatcher:
                     deadline=asyncio.get_running_loop().time() + self.cfg.request_timeout_s,
                     idle_extra_s=idle_deadline.allowance_s(self.cfg.idle_per_token_s, sampling_params))
         stitcher = Stitcher(self.decode) if rld is not None else Stitcher(self.decode).direct()
-        lp: list = []
+        lp = outcome.live_logprobs = []
         watch = StopWatch(sampling_params.get("stop"), self.decode)  # a stop string across a migration
         while a is not None:
             try:
@@ -396,6 +399,3 @@ class Dispatcher:
             if reason is not None or delta.finish_reason is not None:
                 return
 
-
-def _all_out(pool: PeerPool) -> bool:
-    return bool(pool.peers) and len(pool.out()) == len(pool.peers)

@@ -46,6 +46,13 @@ class HelpWithDefaults(argparse.HelpFormatter):
         return f"{text} (default: {_shown(action.default).replace('%', '%%')})"
 
 
+def _non_negative(value: str) -> float:
+    v = float(value)
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
+    return v
+
+
 def _policy(value: str) -> str:
     """A peer policy; sglang-router's spellings (cache_aware, round_robin) too."""
     return value.replace("_", "-")
@@ -76,6 +83,19 @@ def build_parser(description: str = "the PDD router") -> argparse.ArgumentParser
                     help="model or tokenizer directory (chat template, detokenization, config.json)")
     ap.add_argument("--model-name", default=None,
                     help="the model's name in /v1/models and replies (default: the last part of --tokenizer-path)")
+    ap.add_argument("--openai-frontend", choices=("auto", "sglang", "builtin"), default="auto",
+                    help="who serves /v1/chat/completions: sglang's own OpenAI chat layer (tools, response_format, "
+                         "reasoning, logprobs: needs sglang installed beside the router), the router's builtin one "
+                         "(text only), or auto: sglang's where it is installed (default: auto)")
+    ap.add_argument("--tool-call-parser", default=None, metavar="NAME",
+                    help="sglang's tool-call parser for the model's tool calls, as sglang's server takes it "
+                         "(e.g. qwen25, llama3, deepseekv3; default: none, tool calls come back as text)")
+    ap.add_argument("--reasoning-parser", default=None, metavar="NAME",
+                    help="sglang's reasoning parser, as sglang's server takes it (e.g. qwen3, deepseek-r1; "
+                         "default: none, reasoning stays in the content)")
+    ap.add_argument("--chat-template", default=None, metavar="PATH_OR_NAME",
+                    help="a chat template in place of the tokenizer's, as sglang's server takes it (default: the "
+                         "tokenizer's)")
     ap.add_argument("--host", default="127.0.0.1", help="the address to serve on")
     ap.add_argument("--port", type=int, default=8000, help="the port to serve on")
     ap.add_argument("--log-level", default="info", type=str.lower, choices=LOG_LEVELS, help="the router's log level")
@@ -101,11 +121,18 @@ def build_parser(description: str = "the PDD router") -> argparse.ArgumentParser
                     help="read every server's load gauges (running, queued, KV usage) this often "
                          "(0: the router's own in-flight counts only)")
     ap.add_argument("--kv-bytes-per-token", type=int, default=None,
-                    help="KV bytes per token, for --pipeline auto (default: from the model's config.json)")
+                    help="KV bytes per token, for --pipeline auto (default: from the model's config.json: K and V per "
+                         "KV head and layer, or MLA's latent and rope key per layer)")
     ap.add_argument("--wan-mbit", type=float, default=1000.0, help="the WAN's initial bandwidth estimate (Mbit/s)")
     ap.add_argument("--wan-rtt-ms", type=float, default=20.0, help="the WAN's round-trip time (ms)")
     ap.add_argument("--wan-budget-s", type=float, default=0.5,
-                    help="auto: P->MD when MD's missed KV crosses the WAN within this")
+                    help="auto: P->MD when MD's missed KV crosses the WAN within this (--ttft-slo-secs "
+                         "replaces it)")
+    ap.add_argument("--ttft-slo-secs", type=_non_negative, default=0.0, metavar="SECONDS",
+                    help="auto: the TTFT SLA. Above 0, P->MD when MD's missed KV, queued behind what P's lane "
+                         "already holds for that site, crosses the WAN within half of it; else relayed only "
+                         "while the chosen P has no queue, else P->MD (default 0: --wan-budget-s, relay "
+                         "whenever over it)")
     ap.add_argument("--odd-output-threshold", type=int, default=500,
                     help="auto: a request with fewer output tokens whose WAN transfer would outlast its "
                          "decode on RLD is odd traffic, served P->RLD alone (0 turns this off)")

@@ -13,6 +13,7 @@ from sglang_pdd.router import metrics_poll
 from sglang_pdd.router.peers import Peer
 
 RUNNING, USAGE = "sglang:num_running_reqs", "sglang:token_usage"
+WAITING = "sglang:num_queue_reqs"  # waiting for a forward (on P: its prefill queue, the pipeline policy's slack)
 # waiting: scheduled, or (PD) holding KV slots while their KV is on its way
 QUEUES = ("sglang:num_queue_reqs", "sglang:num_decode_prealloc_queue_reqs", "sglang:num_decode_transfer_queue_reqs",
           "sglang:num_prefill_bootstrap_queue_reqs", "sglang:num_prefill_inflight_queue_reqs")
@@ -34,6 +35,7 @@ def update(peer: Peer, text: str) -> bool:
     if got is None:
         return False
     peer.running, peer.kv_usage = got
+    peer.waiting = sum(parse_exposition(text, WAITING).values())
     return True
 
 

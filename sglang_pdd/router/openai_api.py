@@ -39,6 +39,23 @@ def check_request(req: dict) -> None:
             raise BadRequest("stream_options.include_usage must be true or false")
 
 
+# keys the router's builtin OpenAI layer does not serve (sglang's, run by the router, does: openai_sglang)
+BUILTIN_REFUSES = {"tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
+                   "response_format": (None, {"type": "text"})}
+
+
+def check_builtin(req: dict, chat: bool) -> None:
+    """What the builtin layer would drop silently is a 400 naming the key (a tool call must never come
+    back as plain text): tools and structured output need sglang's OpenAI layer in the router."""
+    for key, unset in BUILTIN_REFUSES.items():
+        if req.get(key) not in unset:
+            if chat:
+                raise BadRequest(f"{key} needs sglang's OpenAI layer in the router: install sglang beside it "
+                                 "(--openai-frontend)")
+            raise BadRequest(f"{key} is not served on /v1/completions: use /v1/chat/completions, or /generate's "
+                             "json_schema, regex or ebnf")
+
+
 def sampling_params(req: dict, default_max_tokens: int, limits: ModelLimits = ModelLimits()) -> dict:
     n = req.get("n", 1)
     if n is not None and n != 1:

@@ -5,7 +5,9 @@ default, each line repeating the whole output (O(n^2) bytes over a long output),
 started with `--incremental-streaming-output`, as deltas. The mode is server-wide and not in the
 chunk, but `meta_info.completion_tokens` counts the whole output in both: from the first chunk that
 follows some output, a delta is the chunk whose ids extend the output to that count. Until then (or
-without the count, as from a server that does not send it) chunks are taken as cumulative.
+without the count, as from a server that does not send it) chunks are taken as cumulative. Where the
+request asked for top logprobs (`top_logprobs_num`), each token's entry carries its row of
+`meta_info.output_top_logprobs` as a fourth element.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ class OutputView:
         ids = chunk.get("output_ids") or []
         meta = chunk.get("meta_info") or {}
         got = meta.get("output_token_logprobs") or []
+        top = meta.get("output_top_logprobs")
+        if got and top:  # asked for top logprobs (OpenAI top_logprobs): one entry per token, the row last
+            got = [(*e, row) for e, row in zip(got, top)]
         if self.incremental is None and self.ids:
             n = meta.get("completion_tokens")
             if isinstance(n, int) and not isinstance(n, bool) and n != len(ids):

@@ -21,6 +21,7 @@ class Peer:
     in_flight: int = 0  # this router's requests on it
     running: float = 0.0  # requests running and queued on it, from its /metrics (every router's)
     kv_usage: float = 0.0  # its KV pool's usage (0..1), from its /metrics
+    waiting: float = 0.0  # requests waiting for a forward on it (`sglang:num_queue_reqs`), from its /metrics
     health: PeerHealth = field(default_factory=PeerHealth, compare=False, repr=False)
 
     @property

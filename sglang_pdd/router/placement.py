@@ -4,7 +4,8 @@ MD by its cache of this prompt (the router's exact view from MD's KV events, els
 it sent), its load and its site's predicted WAN time for the KV it misses; P by its own prefix cache
 (the router's record of the prompts it sent each P) and load; RLD by load and KV-pool usage (RLD
 is the scarce pool the adaptive handoff protects). The scoring is `policy.peer_choice`; this module
-only gathers each candidate's inputs and keeps the router's cache views.
+only gathers each candidate's inputs and keeps the router's cache views. It also tells the pipeline
+policy which roles have a server in service (`in_service`): with every MD out, a request goes P->RLD.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from sglang_pdd.router.cache import CacheView
 from sglang_pdd.router.cache.kv_subscriber import KvEventSource, KvEventSubscriber, main_views
 from sglang_pdd.router.cache.prefix_view import PrefixView
-from sglang_pdd.policy.pipeline import PipelinePolicy
+from sglang_pdd.policy.pipeline import InService, PipelinePolicy, PrefillState
 from sglang_pdd.router.peers import Peer, PeerPool
 
 
@@ -60,16 +61,34 @@ class Placement:
     views: dict[str, CacheView] = field(init=False)  # MD URL -> its cache view
     kv_subscribers: list[KvEventSubscriber] = field(init=False)
     prefill_views: dict[str, PrefixView] = field(init=False)  # P URL -> the prompts sent there
+    chosen_prefill: Peer | None = field(init=False, default=None)  # the last P picked (the policy's P)
 
     def __post_init__(self) -> None:
         self.views, self.kv_subscribers = main_views([p.url for p in self.main.peers], self.kv_events)
         self.prefill_views = {p.url: PrefixView() for p in self.prefill.peers}
+        if self.policy is not None:
+            self.policy.in_service = self.in_service
+            self.policy.prefill_state = self.prefill_state
+            # plain PD to these crosses the WAN (the bandwidth feed learns from P->MD's transfers)
+            lan = {p.host for p in self.prefill.peers + self.relay.peers}
+            self.policy.links.wan_hosts = frozenset(p.host for p in self.main.peers if p.host not in lan)
+
+    def in_service(self) -> InService:
+        """Which roles have a peer in service now (`peer_health`)."""
+        return InService(*(any(not p.health.out for p in pool.peers) for pool in (self.prefill, self.relay, self.main)))
+
+    def prefill_state(self) -> PrefillState | None:
+        """The P picked last: the request being placed runs there (pick_prefill, then choose, with no
+        await between them), so the policy reads its lane and its queue."""
+        p = self.chosen_prefill
+        return PrefillState(p.url, p.waiting) if p is not None else None
 
     def pick_prefill(self, ids: list[int], exclude: tuple[Peer, ...] = ()) -> Peer:
         pool = self.prefill
         cands = pool.candidates([{"hit": self.prefill_views[p.url].match(ids)} for p in pool.peers], exclude)
         peer, _ = pool.choose(cands, len(ids))
         self.prefill_views[peer.url].insert(list(ids))
+        self.chosen_prefill = peer
         return peer
 
     def pick_main(self, ids: list[int], exclude: tuple[Peer, ...] = ()) -> MainChoice:

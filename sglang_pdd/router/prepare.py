@@ -21,7 +21,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from sglang_pdd.router import openai_api as oa
+from sglang_pdd.router import openai_api as oa, openai_sglang
 from sglang_pdd.router.admission import BadRequest, ModelLimits, check_not_yet, check_prompt, check_sampling
 
 
@@ -39,6 +39,7 @@ class Prepared:
     body: dict  # the client's body as parsed (for the router's own keys: stream, pdd_pipeline, ...)
     ids: list[int]
     sampling_params: dict
+    chat: tuple | None = None  # sglang's (GenerateReqInput, ChatCompletionRequest): `router.openai_sglang`
 
 
 def longest_token_chars(tokenizer) -> int | None:
@@ -52,8 +53,9 @@ def longest_token_chars(tokenizer) -> int | None:
 
 class Preparer:
     def __init__(self, tokenizer, limits: ModelLimits, default_max_tokens: int, workers: int = 4,
-                 max_queue: int = 64):
+                 max_queue: int = 64, openai=None):
         self._tok, self.limits, self.default_max_tokens = tokenizer, limits, default_max_tokens
+        self.openai = openai  # sglang's OpenAI chat layer (`openai_sglang.SglangOpenAI`), or None
         self.capacity = workers + max_queue  # jobs running or waiting, at most
         self._pending, self._pending_lock = 0, threading.Lock()
         self._local = threading.local()
@@ -107,7 +109,8 @@ class Preparer:
                              + (" (nested too deeply)" if isinstance(e, RecursionError) else "")) from None
         if not isinstance(body, dict):
             raise BadRequest("the body must be a JSON object")
-        check_not_yet(body)
+        sglang_chat = kind == "chat" and self.openai is not None
+        check_not_yet(body, lifted=openai_sglang.LIFTED if sglang_chat else ())
         if kind == "generate":
             sp = body.get("sampling_params")
             sp = dict(check_sampling({} if sp is None else sp, self.limits))
@@ -124,9 +127,31 @@ class Preparer:
         else:
             oa.check_request(body)
             sp = oa.sampling_params(body, self.default_max_tokens, self.limits)
+            if sglang_chat:
+                return self._sglang_chat(body)
+            oa.check_builtin(body, chat=kind == "chat")
             ids = self._openai_prompt(body, chat=kind == "chat")
         check_prompt(ids, sp["max_new_tokens"], self.limits)
         return Prepared(body, ids, sp)
+
+    def _sglang_chat(self, body: dict) -> Prepared:
+        """A chat request converted by sglang's own OpenAI layer (template, tools, constraints), its
+        sampling parameters then checked as any request's."""
+        msgs = body.get("messages")
+        if isinstance(msgs, list):
+            self._check_text("".join(m["content"] for m in msgs if isinstance(m, dict) and isinstance(
+                m.get("content"), str)))
+        chat = getattr(self._local, "chat", None)
+        if chat is None:
+            chat = self._local.chat = self.openai.chat_for_thread()
+        adapted, request = openai_sglang.convert(chat, body)
+        sp = {k: v for k, v in adapted.sampling_params.items() if v is not None}
+        if sp.get("max_new_tokens") is None:
+            sp["max_new_tokens"] = self.default_max_tokens
+        check_sampling(sp, self.limits, name="the request")
+        ids = list(adapted.input_ids)
+        check_prompt(ids, sp["max_new_tokens"], self.limits)
+        return Prepared(body, ids, sp, chat=(adapted, request))
 
     def _check_text(self, text: str) -> None:
         if self.max_text_chars is not None and len(text) > self.max_text_chars:

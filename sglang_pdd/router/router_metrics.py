@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+from sglang_pdd.policy.pipeline import NO_MAIN
 from sglang_pdd.router.dispatch import Outcome
 
 # Why the front door refused a connection or a request (sglang_pdd_router_refused_total{reason}).
@@ -16,6 +17,13 @@ LIMITS = ("connections", "in-flight", "per-client", "tokenizer-queue")
 # TTFT buckets (seconds): a same-site first token is tens of ms, a cold prompt whose KV crosses a slow WAN
 # can take seconds to tens of seconds.
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+
+
+def _relay_alone_kind(reason: str) -> str:
+    """Why a request went P->RLD alone (the label of sglang_pdd_router_wan_bytes_avoided)."""
+    if reason.startswith("odd"):
+        return "odd-traffic"
+    return "no-main" if reason.startswith(NO_MAIN) else "relay-only"
 
 
 class FirstToken:
@@ -48,8 +56,8 @@ class RouterMetrics:
         self.bandwidth = Gauge("sglang_pdd_router_wan_bandwidth_estimate_bytes_per_second",
                                "The pipeline policy's WAN bandwidth estimate", registry=self.registry)
         self.avoided = Counter("sglang_pdd_router_wan_bytes_avoided",
-                               "MD's predicted missed KV bytes never sent over the WAN (odd traffic served "
-                               "P->RLD)", ("reason",), registry=self.registry)
+                               "MD's predicted missed KV bytes never sent over the WAN (served P->RLD: "
+                               "odd traffic, relay-only, or no MD in service)", ("reason",), registry=self.registry)
         self.md_choices = Counter("sglang_pdd_router_md_choices", "MainDecode choices by site and the rule "
                                   "that decided (cache-aware, imbalanced, stale, least-loaded, ...)",
                                   ("site", "rule"), registry=self.registry)
@@ -112,5 +120,4 @@ class RouterMetrics:
         if not ok and outcome.unmigrated is not None:
             self.migrations.labels(outcome.unmigrated, "not-migrated").inc()
         if ok and outcome.pipeline and outcome.pipeline.value == "P->RLD" and outcome.missed_bytes:
-            self.avoided.labels("odd-traffic" if outcome.reason.startswith("odd") else "relay-only").inc(
-                outcome.missed_bytes)
+            self.avoided.labels(_relay_alone_kind(outcome.reason)).inc(outcome.missed_bytes)

@@ -1,8 +1,10 @@
 """The KV pool as the packed WAN path sees it: per-layer K and V buffers, pages, and the pack layout.
 
 Only sglang's plain `MHATokenToKVPool` (exact class, token-major NHD layout, stored in its own dtype)
-qualifies, on a server whose attention is not split across TP/PP ranks: a packed block carries whole
-rows of every layer, which both sides must hold. Anything else gets a reason and stays page by page.
+and plain `MLATokenToKVPool` (exact class: one latent buffer per layer, `[slots, 1, kv_lora_rank + rope]`,
+seen as K with no V) qualify, on a server whose attention is not split across TP/PP ranks: a packed
+block carries whole rows of every layer, which both sides must hold. Anything else gets a reason and
+stays page by page.
 Each prefill and decode KV manager gets its view when sglang builds it (`attach`).
 """
 
@@ -20,7 +22,7 @@ from sglang_pdd.kernels.warmup import warm_up_pack
 
 logger = logging.getLogger(__name__)
 
-POOL_CLASSES = ("MHATokenToKVPool",)
+POOL_CLASSES = ("MHATokenToKVPool", "MLATokenToKVPool")
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 ATTR = "_pdd_kv_pool_view"  # on the KV manager: a KVPoolView, or the reason there is none
 
@@ -38,8 +40,14 @@ class KVPoolView:
             return f"pool {type(pool).__name__}"
         if getattr(pool, "use_hnd", False) or getattr(pool, "store_dtype", pool.dtype) != pool.dtype:
             return "pool layout"
-        k, v = getattr(pool, "k_buffer", None), getattr(pool, "v_buffer", None)
-        if not isinstance(k, list) or not isinstance(v, list) or not k or len(k) != len(v):
+        mla = type(pool).__name__ == "MLATokenToKVPool"
+        if mla and getattr(pool, "use_dsa", False):
+            return "pool with a DSA index"
+        if mla:  # the latent rows: K alone
+            k, v = getattr(pool, "kv_buffer", None), []
+        else:
+            k, v = getattr(pool, "k_buffer", None), getattr(pool, "v_buffer", None)
+        if not isinstance(k, list) or not isinstance(v, list) or not k or (not mla and len(k) != len(v)):
             return "pool buffers"
         if k[0].dim() != 3:
             return f"pool buffers of {k[0].dim()} dims"
@@ -62,9 +70,11 @@ class KVPoolView:
         return _DTYPE_NAMES[self.k[0].dtype]
 
     def geometry(self) -> tuple:
-        """(page_size, layers, k_heads, k_head_dim, v_heads, v_head_dim, dtype): as in LandingOffer."""
-        k, v = self.k[0], self.v[0]
-        return (self.page_size, len(self.k), k.shape[1], k.shape[2], v.shape[1], v.shape[2], self.dtype_name)
+        """(page_size, layers, k_heads, k_head_dim, v_heads, v_head_dim, dtype): as in LandingOffer (MLA:
+        v_heads = v_head_dim = 0)."""
+        k = self.k[0]
+        v_heads, v_dim = (self.v[0].shape[1], self.v[0].shape[2]) if self.v else (0, 0)
+        return (self.page_size, len(self.k), k.shape[1], k.shape[2], v_heads, v_dim, self.dtype_name)
 
     def layout(self, num_pages: int, fp8: bool) -> PackLayout:
         return PackLayout.for_buffers(self.k, self.v, num_pages * self.page_size, fp8)

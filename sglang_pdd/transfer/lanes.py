@@ -9,6 +9,10 @@ room goes to a lane of its own, one per main receiver session set: a queue serve
 stay on the stock queues; their receiver sessions are reported once (`on_relay_sessions`) so the
 byte accounting can label them "relay".
 
+Each lane counts the KV bytes it holds (`CountingQueue`: chunks put and not yet written) and
+reports them per destination (`on_queued(peer, nbytes)`, the gauge `sglang_pdd_lane_queued_bytes`):
+the router's queue-aware WAN prediction reads them (`policy.wan_queue`).
+
 `FanoutRegistry` says which rooms are fan-out legs; the fan-out hook opens a pair, the sender
 closes it when its main leg is released.
 """
@@ -74,10 +78,60 @@ class FanoutRegistry:
         return len(self._relay_of)
 
 
+def chunk_bytes(manager: Any, chunk: Any) -> int:
+    """KV bytes of one transfer chunk: its pages times the bytes of a page over every KV buffer."""
+    pages = getattr(chunk, "prefill_kv_indices", None)
+    return len(pages) * sum(manager.kv_args.kv_item_lens) if pages is not None else 0
+
+
+class CountingQueue:
+    """A lane's queue that knows the bytes it holds: a chunk counts from its `put` until the worker
+    asks for the next one (the worker writes one chunk at a time, so the chunk it took is written
+    then). A chunk put back while it is being written (a deferred one) counts once."""
+
+    def __init__(self, nbytes: Callable[[Any], int], on_change: Callable[[int], None] = lambda n: None):
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._nbytes, self._on_change = nbytes, on_change
+        self._lock = threading.Lock()
+        self._held: dict[int, tuple[Any, int]] = {}  # id(chunk) -> (chunk, bytes), put and not yet written
+        self._current: Any = None
+        self._requeued = False
+        self.queued_bytes = 0
+
+    def put(self, item: Any) -> None:
+        if item is not None:
+            with self._lock:
+                if id(item) in self._held:
+                    self._requeued = self._requeued or item is self._current
+                else:
+                    n = self._nbytes(item)
+                    self._held[id(item)] = (item, n)
+                    self.queued_bytes += n
+                n = self.queued_bytes
+            self._on_change(n)
+        self._q.put(item)
+
+    def get(self, *args: Any, **kwargs: Any) -> Any:
+        self._written()
+        item = self._q.get(*args, **kwargs)
+        with self._lock:
+            self._current, self._requeued = item, False
+        return item
+
+    def _written(self) -> None:
+        with self._lock:
+            cur, self._current = self._current, None
+            if cur is None or self._requeued or id(cur) not in self._held:
+                return
+            self.queued_bytes -= self._held.pop(id(cur))[1]
+            n = self.queued_bytes
+        self._on_change(n)
+
+
 class _Lane:
     def __init__(self, name: str, worker: Callable[[Any, ThreadPoolExecutor], None],
-                 thread_context: Callable[[], ContextManager]):
-        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+                 thread_context: Callable[[], ContextManager], lane_queue: CountingQueue):
+        self.queue = lane_queue
         self.executor = ThreadPoolExecutor(1, thread_name_prefix=name)
 
         def run() -> None:
@@ -102,8 +156,11 @@ class _LaneView:
 class MainLanes:
     def __init__(self, registry: FanoutRegistry,
                  thread_context: Callable[[], ContextManager] = contextlib.nullcontext,
-                 on_relay_sessions: Callable[[Iterable[str]], None] | None = None):
+                 on_relay_sessions: Callable[[Iterable[str]], None] | None = None,
+                 on_queued: Callable[[str, int], None] | None = None):
+        """`on_queued(peer, nbytes)`: a lane's queued KV bytes changed (peer: its first receiver session)."""
         self.registry = registry
+        self._on_queued = on_queued
         self._thread_context = thread_context
         self._on_relay_sessions = on_relay_sessions
         self._lock = threading.Lock()
@@ -130,7 +187,11 @@ class MainLanes:
             lane = self._lanes.get(key)
             if lane is None:
                 name = f"pdd-main-lane-{len(self._lanes)}"
-                lane = _Lane(name, lambda q, ex: manager.transfer_worker(q, ex, None, 0), self._thread_context)
+                report = self._on_queued
+                counting = CountingQueue(lambda chunk: chunk_bytes(manager, chunk),
+                                         (lambda n: report(sessions[0], n)) if report is not None else (lambda n: None))
+                lane = _Lane(name, lambda q, ex: manager.transfer_worker(q, ex, None, 0), self._thread_context,
+                             counting)
                 self._lanes[key] = lane
                 logger.info("main lane %s for sessions %s", name, ", ".join(sessions))
             return lane

@@ -126,22 +126,24 @@ class PDDServers:
 def start_pdd(server_group, model: str, *, base_port: int, bootstrap_port: int, token_port: int,
               handoff_timeout: float, page_size: int = 1, prefill_chunk: int = -1,
               prefill_extra: tuple = (), relay_extra: tuple = (), main_extra: tuple = (),
-              mains: int = 1, decode_overlap: bool = False, tp: int = 1, role_api_key: str | None = None) -> PDDServers:
+              mains: int = 1, decode_overlap: bool = False, tp: int = 1, role_api_key: str | None = None,
+              env: dict | None = None) -> PDDServers:
     """P (--pdd-role prefill), RLD (relay) and MD (main, decode radix cache) in one namespace, each
     with a test-knobs file (`PDDServers.knobs`); `mains` > 1 starts more MDs (ports base + 10, + 11, ...)
     at the same time; `decode_overlap` runs RLD and MD on sglang's overlap scheduler (P cannot on CPU);
     `tp` > 1 runs every role at that TP size (gloo), its ranks bound to cores 0, 1, ...; `role_api_key`
-    starts every role with sglang's --api-key (its API, but /health and /metrics, then needs the key)."""
+    starts every role with sglang's --api-key (its API, but /health and /metrics, then needs the key);
+    `env` is added to every role's environment (the MLA model's attention stand-in)."""
     timeout = ["--pdd-handoff-timeout", f"{handoff_timeout:g}"]
     files = {r: os.path.join(server_group.log_dir, f"pdd-{base_port}-{r}-knobs.json") for r in ROLES}
     for f in files.values():
         with open(f, "w") as fh:
             fh.write("{}")
     common = dict(model=model, bootstrap_port=bootstrap_port, page_size=page_size, api_key=role_api_key)
-    tp_env = {}
+    tp_env = dict(env or {})
     if tp > 1:
         cores = os.cpu_count() or 1
-        tp_env = {"SGLANG_CPU_OMP_THREADS_BIND": "|".join(str(i % cores) for i in range(tp))}
+        tp_env["SGLANG_CPU_OMP_THREADS_BIND"] = "|".join(str(i % cores) for i in range(tp))
         prefill_extra, relay_extra, main_extra = (("--tp-size", str(tp), *x) for x in (prefill_extra, relay_extra, main_extra))
     decode = dict(common, overlap=decode_overlap)
     p = server_group.start(f"pdd-prefill-{base_port}", ServerConfig(

@@ -1,7 +1,8 @@
 """The MLA test model (`tiny_model --arch mla`, DeepSeek-V3 architecture) on one real sglang CPU server:
 its greedy tokens equal transformers'. sglang runs it with the `intel_amx` attention backend, whose ops
 are the compat stand-in's torch versions (sglang_pdd.lab.compat.amx_attention); the MLA KV pool is
-sglang's own (`MLATokenToKVPool`). No PDD role: PDD refuses MLA pools at start-up for now."""
+sglang's own (`MLATokenToKVPool`). No PDD role here: test_mla_pdd.py and test_mla_packed_wan.py run the
+PDD roles on it."""
 
 import os
 

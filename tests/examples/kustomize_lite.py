@@ -1,12 +1,14 @@
 """The subset of kustomize that examples/kubernetes uses, so CI can render the overlays without a
 kustomize binary: `resources` (files and directories), `namespace`, `images` (newName/newTag) and
-`patches` given as JSON 6902 operations (add, replace, remove) with a kind/name target. Anything else
-in a kustomization is refused, so the examples cannot drift past what this renderer checks.
+`patches` given as JSON 6902 operations (add, replace, remove) with a kind/name target; YAML aliases
+are expanded into copies, as kustomize does. Anything else in a kustomization is refused, so the
+examples cannot drift past what this renderer checks.
 `test_kubernetes.py` compares its output with `kubectl kustomize` wherever kubectl is installed."""
 
 from __future__ import annotations
 
 import copy
+import json
 import os
 
 import yaml
@@ -33,8 +35,8 @@ def render(directory: str) -> list[dict]:
         if os.path.isdir(path):
             docs += render(path)
         else:
-            with open(path) as f:
-                docs += [d for d in yaml.safe_load_all(f) if d]
+            with open(path) as f:  # an alias becomes its own copy, as in kustomize (a patch changes one)
+                docs += [json.loads(json.dumps(d)) for d in yaml.safe_load_all(f) if d]
     for p in k.get("patches", []):
         _patch(docs, p, directory)
     if "namespace" in k:
@@ -48,9 +50,20 @@ def render(directory: str) -> list[dict]:
     return docs
 
 
-def _containers(doc: dict) -> list[dict]:
-    spec = doc.get("spec", {}).get("template", {}).get("spec", {})
-    return list(spec.get("containers", [])) + list(spec.get("initContainers", []))
+def _containers(node) -> list[dict]:
+    """Every container of a document: kustomize's `images` rewrites each `containers` and `initContainers`
+    list wherever it is (a Deployment's pod template, a LeaderWorkerSet's leader and worker templates)."""
+    out: list[dict] = []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k in ("containers", "initContainers") and isinstance(v, list):
+                out += [c for c in v if isinstance(c, dict)]
+            else:
+                out += _containers(v)
+    elif isinstance(node, list):
+        for v in node:
+            out += _containers(v)
+    return out
 
 
 def _retag(container: dict, image: dict) -> None:

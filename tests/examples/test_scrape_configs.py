@@ -1,7 +1,7 @@
 """examples/monitoring's scrape configs: the static jobs cover the four roles with their `pdd_role` and
 `site` and the alert rules are loaded; the `kubernetes-pods` job and the PodMonitor, applied (with
-Prometheus' relabelling, simulated here) to the pods the Kubernetes overlays render, scrape exactly P,
-RLD, MD and the router, each once, with its role and site, and nothing else."""
+Prometheus' relabelling, simulated here) to the pods the Kubernetes overlays render, scrape exactly each
+replica of P, RLD and MD and the router, each once, with its role and site, and nothing else."""
 
 from __future__ import annotations
 
@@ -40,27 +40,30 @@ def _sanitize(name: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_]", "_", name)
 
 
+# the pods' addresses in this simulation: 10.<site>.<role>.<replica + 1> (hostNetwork: the node's)
+SITE_NET, ROLE_NET = {"site-a": 1, "site-b": 2}, {"prefill": 1, "relay": 2, "main": 3, "router": 4}
+PODS = {("10.1.1.1:30000", "prefill", "a"), ("10.1.1.2:30000", "prefill", "a"), ("10.1.2.1:30001", "relay", "a"),
+        ("10.1.2.2:30001", "relay", "a"), ("10.1.4.1:8000", "router", "a"), ("10.2.3.1:30002", "main", "b"),
+        ("10.2.3.2:30002", "main", "b")}  # every replica of the overlays' pools, once
+
+
 def pod_targets() -> list[dict[str, str]]:
-    """The discovered labels Prometheus' pod role gives each container port of each pod the overlays render
-    (hostNetwork: the pod's address is its node's), plus a pod of another app that must not be scraped."""
+    """The discovered labels Prometheus' pod role gives each container port of each pod (each replica of
+    each StatefulSet and Deployment) the overlays render, plus a pod of another app that must not be scraped."""
     out = []
     for site in ("site-a", "site-b"):
-        settings = {}
         docs = render(os.path.join(K8S, "overlays", site))
         for d in docs:
-            if d["kind"] == "ConfigMap":
-                settings = d["data"]
-        for d in docs:
-            if d["kind"] != "Deployment":
+            if d["kind"] not in ("Deployment", "StatefulSet"):
                 continue
             tpl = d["spec"]["template"]
             role = tpl["metadata"]["labels"]["sglang-pdd/role"]
-            ip = settings.get(f"PDD_{role.upper()}_HOST", settings["PDD_PREFILL_HOST"])  # the router: any node
             (c,) = tpl["spec"]["containers"]
-            for port in c["ports"]:
+            for i, port in ((i, port) for i in range(d["spec"]["replicas"]) for port in c["ports"]):
+                ip = f"10.{SITE_NET[site]}.{ROLE_NET[role]}.{i + 1}"
                 meta = {"__address__": f"{ip}:{port['containerPort']}", "__metrics_path__": "/metrics",
                         "__meta_kubernetes_namespace": d["metadata"]["namespace"],
-                        "__meta_kubernetes_pod_name": d["metadata"]["name"] + "-abc12",
+                        "__meta_kubernetes_pod_name": f"{d['metadata']['name']}-{i}",
                         "__meta_kubernetes_pod_container_port_name": port["name"],
                         "__meta_kubernetes_pod_container_port_number": str(port["containerPort"])}
                 meta.update({f"__meta_kubernetes_pod_label_{_sanitize(k)}": v for k, v in tpl["metadata"]["labels"].items()})
@@ -101,8 +104,7 @@ def test_the_kubernetes_pods_job_scrapes_each_role_once_with_its_role_and_site()
     kept = [t for t in (relabel(p, job["relabel_configs"]) for p in pod_targets()) if t is not None]
     # one target per distinct address: Prometheus dedups the ports of a pod the address rewrite makes equal
     got = {(t["__address__"], t["__metrics_path__"], t["pdd_role"], t["site"]) for t in kept}
-    assert got == {("10.1.0.11:30000", "/metrics", "prefill", "a"), ("10.1.0.12:30001", "/metrics", "relay", "a"),
-                   ("10.1.0.11:8000", "/metrics", "router", "a"), ("10.2.0.21:30002", "/metrics", "main", "b")}
+    assert got == {(addr, "/metrics", role, site) for addr, role, site in PODS}
     assert all(t["namespace"] == "sglang-pdd" and t["pod"].startswith("pdd-") for t in kept)
 
 
@@ -122,9 +124,8 @@ def test_the_pod_monitor_selects_the_pods_and_labels_them():
                 and p["__meta_kubernetes_pod_container_port_name"] == ep["port"]):
             chosen.append(relabel(p, ep["relabelings"]))
     got = {(t["__address__"], t["pdd_role"], t["site"]) for t in chosen}
-    assert got == {("10.1.0.11:30000", "prefill", "a"), ("10.1.0.12:30001", "relay", "a"),
-                   ("10.1.0.11:8000", "router", "a"), ("10.2.0.21:30002", "main", "b")}
-    assert len(chosen) == 4
+    assert got == PODS
+    assert len(chosen) == len(PODS)
 
 
 def test_the_relabel_simulation_can_fail():

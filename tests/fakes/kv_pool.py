@@ -78,6 +78,35 @@ class MHATokenToKVPool:
         return [t.clone() for t in self.buffers()]
 
 
+class MLATokenToKVPool:
+    """sglang's plain MLA token pool (DeepSeek-style latent KV), reduced to what the packed WAN path uses:
+    per layer one buffer [rows, 1, kv_lora_rank + qk_rope_head_dim] (`kv_buffer`), no K/V split. Rows and
+    contents as in `MHATokenToKVPool` (whose arguments it takes; its head geometry is ignored)."""
+
+    def __init__(self, size: int | None = None, page_size: int = 1, dtype: torch.dtype = torch.float32,
+                 kv_lora_rank: int = 12, qk_rope_head_dim: int = 4, layer_num: int = 2, device="cpu", *,
+                 slots: int | None = None, pages: int | None = None, fill: float | None = None,
+                 seed: int | None = None, **_sglang_options):
+        rows = MHATokenToKVPool(size, page_size, dtype, 1, kv_lora_rank + qk_rope_head_dim, layer_num, device,
+                                slots=slots, pages=pages, fill=fill, seed=seed)
+        self.size, self.page_size, self.layer_num, self.device = rows.size, page_size, layer_num, device
+        self.dtype = self.store_dtype = dtype
+        self.kv_lora_rank, self.qk_rope_head_dim, self.use_dsa = kv_lora_rank, qk_rope_head_dim, False
+        self.kv_buffer = rows.k_buffer
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.kv_buffer[layer_id]
+
+    slots = MHATokenToKVPool.slots
+
+    def buffers(self) -> list[torch.Tensor]:
+        """The latent buffer of every layer: the order of the KV manager's `kv_data_ptrs`."""
+        return list(self.kv_buffer)
+
+    def snapshot(self) -> list[torch.Tensor]:
+        return [t.clone() for t in self.buffers()]
+
+
 class ReqToTokenPool:
     """sglang's req_to_token pool: row r maps a request's positions to token slots; `size` + 1 rows (row 0
     unused, as in sglang)."""

@@ -11,7 +11,10 @@ An armed call takes the kernel path only where the kernel computes what sglang's
 (`batch_refusal`, `layer_refusal`): an EXTEND of the armed batch's size, on CUDA, fp16/bf16, a plain
 `MHATokenToKVPool` of q's dtype in its default layout, no logit cap, sliding window, sinks or other
 extra inputs, a causal decoder layer, no CUDA graph or compile in progress. Everything else, CPU
-included, goes to sglang's own path unchanged. The kernel path does what a backend's `forward_extend`
+included, goes to sglang's own path unchanged. An MLA pool (DeepSeek-style latent KV, `MLATokenToKVPool`) is
+refused with reason "pool": the kernel attends over per-head K/V buffers, so MD computes t1..tk through
+sglang's own MLA extend (the absorbed attention over the latent rows that sglang runs for every chunk of
+a chunked prefill over a cached prefix). The kernel path does what a backend's `forward_extend`
 does: it stores the new tokens' K/V in the pool, then attends over the pool (the kernel's "unified"
 form). The checks and the launch plan are made on the first layer of a batch and rebound per layer.
 """

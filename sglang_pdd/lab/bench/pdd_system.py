@@ -2,7 +2,8 @@
 
 * `pdd`: the PDD router with `--pipeline auto` (its pipeline policy picks P->MD when MD's missed
   KV is predicted to cross the WAN within `--wan-budget-s`, else P->RLD->MD, or P->RLD for odd
-  traffic); told the testbed's link (`--wan-mbit`, `--wan-rtt-ms`) and the model's KV size.
+  traffic); told the testbed's link (`--wan-mbit`, `--wan-rtt-ms`), the model's KV size and the
+  preset's TTFT SLA (`--ttft-slo-secs`: the never-lose decision, `policy.never_lose`).
 * `pdd-relay`: the same servers, `--pipeline relay`: every request P->RLD->MD.
 
 P runs `--pdd-role prefill`, RLD `--pdd-role relay --pdd-token-port`, MD `--pdd-role main` with the
@@ -30,8 +31,10 @@ EVENTS_PORT, REPLAY_PORT = 5557, 5558  # MD's KV events (the router's exact view
 WAN_EFFICIENCY = 0.946  # TCP goodput / configured rate on the testbed (docs/testbed.md)
 
 
-def router_link_args(testbed, kv_bytes_per_token: int | None, odd_threshold: int = 0) -> list[str]:
-    """What the PDD router is told about the link: the testbed's configured rate and RTT.
+def router_link_args(testbed, kv_bytes_per_token: int | None, odd_threshold: int = 0,
+                     ttft_slo_s: float = 0.0) -> list[str]:
+    """What the PDD router is told about the link: the testbed's configured rate and RTT; and the
+    preset's TTFT SLA (`ttft_slo_s` > 0: the never-lose decision reads it).
 
     The odd-traffic filter is off unless a system sets `odd_threshold`: the presets' outputs are
     tens of tokens (the paper's are 1K), so with the paper's 500-token threshold every request would
@@ -46,6 +49,8 @@ def router_link_args(testbed, kv_bytes_per_token: int | None, odd_threshold: int
         args += ["--wan-rtt-ms", f"{2 * delay:g}"]
     if kv_bytes_per_token:
         args += ["--kv-bytes-per-token", str(kv_bytes_per_token)]
+    if ttft_slo_s > 0:
+        args += ["--ttft-slo-secs", f"{ttft_slo_s:g}"]
     return args
 
 
@@ -93,12 +98,18 @@ class PddRouted(UpstreamPD):
         self._router = g.start("router", dep.process(PddRouterConfig(
             prefill=[(p.url, BOOTSTRAP_PORT)], relay=[(rld.url, TOKEN_PORT)], main=[md.url for md in mds],
             tokenizer=dep.model, port=ROUTER_PORT, host=a, pipeline=self.pipeline,
-            extra=router_link_args(tb, dep.kv_bytes_per_token, self.odd_threshold) + list(self.router_extra)
+            extra=router_link_args(tb, dep.kv_bytes_per_token, self.odd_threshold, self._slo(dep))
+            + list(self.router_extra)
             + ["--peer-policy", self.peer_policy] + events, env=env), "A"))
         a_ns.call(self._router.wait_ready)
         logger.info("%s up: P %s, RLD %s (token channel :%d), MD %s, router %s (pipeline %s, %s)", self.name,
                     p.url, rld.url, TOKEN_PORT, ", ".join(md.url for md in mds), self._router.url, self.pipeline,
                     self.peer_policy)
+
+    def _slo(self, dep: Deployment) -> float:
+        """The SLA the router's policy reads: only where the policy decides, and not for the relay-only
+        experiment (the router refuses the two together)."""
+        return dep.ttft_slo_s if self.pipeline == "auto" and "--allow-relay-only" not in self.router_extra else 0.0
 
     def send_warmup(self, body: dict, timeout_s: float):
         """A warm-up stands for the history that earlier turns left on MD (long outputs): it goes

@@ -109,7 +109,7 @@ def run_system(name: str, tb, model_dir: str, reqs: list[WorkloadRequest], prese
     flow = None
     try:
         system.start(Deployment(tb, model_dir, run.log_dir, kv_bytes_per_token, tuple(server_flags), dict(cpus or {}),
-                                dict(threads or {})))
+                                dict(threads or {}), ttft_slo_s=preset.sla.ttft_s))
         run.startup_s = time.monotonic() - t0
         logger.info("%s: servers up in %.1f s; %d warm-ups", name, run.startup_s,
                     sum(r.warmup for r in reqs))

@@ -47,6 +47,7 @@ class Deployment:
     server_flags: tuple[str, ...] = ()
     cpus: dict = field(default_factory=dict)  # side -> CPU list for `taskset -c` (bench.placement)
     threads: dict = field(default_factory=dict)  # sglang mode (prefill/decode/null) -> torch threads (0: default)
+    ttft_slo_s: float = 0.0  # the preset's TTFT SLA (the PDD router's --ttft-slo-secs; 0: not told)
 
     def server(self, cfg: ServerConfig, side: str) -> "InNamespace":
         """`cfg` (plus `server_flags`) run in `side`'s namespace, on its CPU set if one is given, with

@@ -1,5 +1,6 @@
 """The suite's one deployment on the WAN testbed: P and RLD in cluster A, two MDs in cluster B, the
-PDD router in A (`--pipeline relay --migration-limit 1 --health-check-s 1`), and a single plain
+PDD router in A (`--pipeline relay --migration-limit 1 --health-check-s 1`; `pipeline` and `mains`
+change it for tests/e2e/test_wan_cut.py), and a single plain
 server in A, the token reference. A killed server is started again with its own command line
 (`restart`); `healthy` waits on every server's `/health`; `leaks` says what is not back to idle.
 """
@@ -48,6 +49,7 @@ class FaultDeployment:
     timeouts: Timeouts = field(default_factory=Timeouts)
     mains: int = 2
     main_tokens: int = 16384  # MD's --max-total-tokens
+    pipeline: str = "relay"  # the router's --pipeline (auto: its pipeline policy decides, seeing peer health)
     servers: dict[str, ServerProcess] = field(default_factory=dict)  # name -> the live process
     idle_rows: dict[str, float] = field(default_factory=dict)  # name -> request rows free when idle (all)
 
@@ -86,7 +88,7 @@ class FaultDeployment:
         self._add("router", PddRouterConfig(
             prefill=[(self.servers["prefill"].url, BOOTSTRAP)], relay=[(self.servers["relay"].url, TOKEN)],
             main=[self.servers[f"main-{i}"].url for i in range(self.mains)], tokenizer=self.model, port=ROUTER,
-            host=a, pipeline="relay",
+            host=a, pipeline=self.pipeline,
             extra=["--migration-limit", "1", "--health-check-s", "1", "--load-poll-s", "0.5",
                    "--request-timeout", f"{t.request:g}", "--prefill-idle-timeout", f"{t.prefill_idle:g}",
                    "--relay-idle-timeout", f"{t.relay_idle:g}", "--main-idle-timeout", f"{t.main_idle:g}"],

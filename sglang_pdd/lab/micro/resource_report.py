@@ -7,7 +7,7 @@
 
 Variants are the ones the launchers pick for the handoff shapes (k in {1, 8, 64, 256}, GQA 1/4/8, head dim
 64/128, page size 1 and 16, bf16 and fp16, one or many partitions) and the pack/unpack kernels of a bf16
-pool. Each is compiled by driving the real launcher under `compile_only`, so what is reported is what
+pool (MHA, and MLA's latent rows of 512 + 64). Each is compiled by driving the real launcher under `compile_only`, so what is reported is what
 would be launched. `--bench-grid` adds every point of the GPU benchmark's grid (`handoff_kernel`: its k and
 prefixes, its heads, bf16, pages 1 and 16); a compiled kernel that several points launch is one row, with
 those points in its `points` (JSON). Exit status 1 when any variant spills or exceeds the H200's shared memory.
@@ -97,16 +97,17 @@ def _compile_attention(v: AttnVariant) -> list[Any]:
 
 def _compile_pack() -> list[Any]:
     result = []
-    for heads, dim in ((8, 128), (8, 64)):
+    for heads, dim, latent in ((8, 128, False), (8, 64, False), (1, 512 + 64, True)):  # MLA: DeepSeek-V3's row
         bufs = [torch.empty((64, heads, dim), dtype=torch.bfloat16) for _ in range(2)]
+        k, v = bufs[:1], [] if latent else bufs[1:]
         slots = torch.zeros(32, dtype=torch.int64)
         for fp8 in (False, True):
-            layout = PackLayout.for_buffers(bufs[:1], bufs[1:], 32, fp8)
+            layout = PackLayout.for_buffers(k, v, 32, fp8)
             packed = torch.empty(layout.nbytes, dtype=torch.uint8)
             for direction in ("pack", "unpack"):
                 with compile_only() as compiled:
-                    launch_pack_kernels(layout, packed, bufs[:1], bufs[1:], slots, direction)
-                label = f"bfloat16 H={heads} D={dim} {'fp8' if fp8 else 'plain'} {direction}"
+                    launch_pack_kernels(layout, packed, k, v, slots, direction)
+                label = f"bfloat16 {'MLA latent' if latent else f'H={heads}'} D={dim} {'fp8' if fp8 else 'plain'} {direction}"
                 result.append((compiled[0], label))  # K and V launches share one variant
     return result
 

@@ -14,15 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from sglang_pdd.policy.wan_queue import finish_s
+
 
 def shared_finish_s(nbytes: float, queued: Sequence[float], line_bytes_per_s: float,
                     rtt_s: float) -> float:
     """Time for a new transfer of `nbytes` on a fairly shared line whose active transfers have
-    `queued` bytes left each: `(nbytes + sum(min(q, nbytes))) / line + rtt`."""
-    if line_bytes_per_s <= 0:
-        raise ValueError("line rate must be > 0")
-    ahead = sum(min(q, nbytes) for q in queued)
-    return (nbytes + ahead) / line_bytes_per_s + rtt_s
+    `queued` bytes left each: `(nbytes + sum(min(q, nbytes))) / line + rtt` (`policy.wan_queue`)."""
+    return finish_s(nbytes, queued, line_bytes_per_s, rtt_s, fifo=False)
 
 
 @dataclass

@@ -1,90 +1,10 @@
-"""The routing rules of `pdd-never-lose` (docs/sim.md §9): relay only where relaying pays.
+"""The routing rules of `pdd-never-lose` (docs/sim.md §9): the serving policy's own decision.
 
-Each rule reads only what a deployment observes, and each can be switched off (for the tests
-and the ablation):
-
-1. `queue_aware`: the WAN time of MD's miss is predicted on P's lane as it is now (bytes still
-   queued per active transfer, the line's measured drain rate; `lane.shared_finish_s`), not as
-   if the line were idle.
-2. The request goes P->MD when that time is within `wan_budget_s` (`--scenario never-lose`
-   sets half the TTFT SLA: relay only what the line would make a near miss).
-3. `slack_admission`: the relay runs on the P that prefilled the request (co-located), so it is
-   admitted only when that P has slack: its queue drains within `p_slack_s` (queued new tokens
-   / its prefill rate; by default 0: only an idle P relays). Otherwise the request goes P->MD:
-   a busy P slowed by relay decoding costs every request queued on it, the relay saves one.
-   (A relay side without KV room needs no rule: the request waits for its admission, and if MD
-   is ready first MD serves it directly, `relay.RelayFlow._ready_at_rld`.)
-4. Odd traffic (output < `odd_output_threshold`, decode shorter than the WAN time) finishes on
-   the relay (P->RLD); everything else relayed is P->RLD->MD.
-5. `warm_md`: an odd (P->RLD) request still sends its prompt's missed KV to MD in the background
-   when the line has room: the bytes already queued on the lane drain within `wan_budget_s`.
-   MD's radix cache then stays warm for the session's next turns.
+The rules live in `sglang_pdd.policy.never_lose`, which the router's pipeline policy runs with
+`--ttft-slo-secs`; the simulator imports them from there, so both decide alike. The simulator's
+line shares its rate fairly between transfers (`Observation.fifo` False), the serving P's lane
+writes in order.
 """
 
-from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Sequence
-
-from sglang_pdd.policy.pipeline import Pipeline
-from sglang_pdd.lab.sim.lane import shared_finish_s
-
-
-@dataclass(frozen=True)
-class NeverLoseConfig:
-    wan_budget_s: float = 1.0  # the pipeline policy's default budget (policy.pipeline)
-    p_slack_s: float = 0.0  # a P with more queued prefill (s) than this does not relay (0: idle P only)
-    odd_output_threshold: int = 500  # the paper's odd-traffic threshold
-    queue_aware: bool = True
-    slack_admission: bool = True
-    warm_md: bool = True
-
-    def __post_init__(self) -> None:
-        if self.wan_budget_s < 0 or self.p_slack_s < 0 or self.odd_output_threshold < 0:
-            raise ValueError(f"invalid never-lose config {self}")
-
-
-@dataclass(frozen=True)
-class Observation:
-    missed_bytes: float  # prompt KV past MD's radix hit
-    output_tokens: int
-    lane_queued: Sequence[float]  # bytes left per active transfer on P's lane to MD's site
-    line_bytes_per_s: float  # the line's measured drain rate (`lane.LineRateEstimator`)
-    flow_bytes_per_s: float  # the per-transfer estimate (`policy.bandwidth`), idle-line view
-    rtt_s: float
-    p_wait_s: float  # the prefilling P's queue, in seconds of its prefill rate
-    rld_tpot_s: float  # expected relay time per output token
-
-
-@dataclass(frozen=True)
-class Decision:
-    pipeline: Pipeline
-    reason: str
-    predicted_wan_s: float
-    warm_md: bool = False  # P->RLD only: send the prompt's KV to MD in the background
-
-
-def predict_wan_s(cfg: NeverLoseConfig, obs: Observation) -> float:
-    if cfg.queue_aware:
-        return shared_finish_s(obs.missed_bytes, obs.lane_queued, obs.line_bytes_per_s, obs.rtt_s)
-    return obs.missed_bytes / obs.flow_bytes_per_s + obs.rtt_s
-
-
-def line_has_room(cfg: NeverLoseConfig, obs: Observation) -> bool:
-    return sum(obs.lane_queued) <= obs.line_bytes_per_s * cfg.wan_budget_s
-
-
-def decide(cfg: NeverLoseConfig, obs: Observation) -> Decision:
-    wan = predict_wan_s(cfg, obs)
-    if wan <= cfg.wan_budget_s:
-        return Decision(Pipeline.P_MD, f"predicted WAN {wan:.3f}s <= budget {cfg.wan_budget_s}s", wan)
-    if cfg.slack_admission and obs.p_wait_s > cfg.p_slack_s:
-        return Decision(Pipeline.P_MD, f"no relay: P's queue {obs.p_wait_s:.2f}s > slack "
-                        f"{cfg.p_slack_s}s (WAN {wan:.2f}s)", wan)
-    decode_s = obs.output_tokens * obs.rld_tpot_s
-    if obs.output_tokens < cfg.odd_output_threshold and decode_s < wan:
-        warm = cfg.warm_md and line_has_room(cfg, obs)
-        return Decision(Pipeline.P_RLD, f"odd traffic: output {obs.output_tokens}, relay decode "
-                        f"{decode_s:.2f}s < WAN {wan:.2f}s" + ("; MD warmed" if warm else ""),
-                        wan, warm)
-    return Decision(Pipeline.P_RLD_MD, f"WAN {wan:.3f}s > budget: relay hides it", wan)
+from sglang_pdd.policy.never_lose import (Decision, NeverLoseConfig, Observation, decide, line_has_room,  # noqa: F401
+                                          predict_wan_s)

@@ -1,6 +1,6 @@
 """How much the tiny test model's greedy output says about its context, measured on transformers.
 
-    python -m sglang_pdd.lab.testing.model_check [MODEL_DIR] [--trials 40]
+    python -m sglang_pdd.lab.testing.model_check [MODEL_DIR] [--trials 40] [--arch mla]
 
 Three figures back the e2e identity tests (the test model must make a wrong handoff visible):
 
@@ -23,7 +23,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from sglang_pdd.lab.testing.tiny_model import build_cached
+from sglang_pdd.lab.testing.tiny_model import ARCHS, TinyModelSpec, build_cached
 
 LENGTHS = (1, 2, 7, 33, 150, 600, 1200, 2000, 3000, 4000)
 FIRST_ID = 7  # IDs below are the tokenizer's special tokens
@@ -89,11 +89,12 @@ class Figures:
 
 
 def load(model_dir: str):
+    """The built model (either architecture) on transformers, float32."""
     import torch
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    return LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
 
 
 def greedy(model, ids: list[int], n: int) -> Greedy:
@@ -188,12 +189,15 @@ def measure(model, trials: int = 40, seed: int = 0, n_new: int = 64, noise: bool
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m sglang_pdd.lab.testing.model_check", description=__doc__.split("\n")[0])
-    p.add_argument("model_dir", nargs="?", help="default: build (or reuse) the default tiny model under .artifacts/")
-    p.add_argument("--trials", type=int, default=40)
+    p.add_argument("model_dir", nargs="?", help="default: build (or reuse) the default tiny model of --arch under "
+                   ".artifacts/")
+    p.add_argument("--trials", type=int, default=40, help="one-token perturbations measured (default: 40)")
+    p.add_argument("--arch", choices=ARCHS, default="llama",
+                   help="without MODEL_DIR: the default tiny model of this architecture (default: llama)")
     args = p.parse_args(argv)
     model_dir = args.model_dir
     if model_dir is None:
-        model_dir = build_cached(".artifacts/models")
+        model_dir = build_cached(".artifacts/models", TinyModelSpec(arch=args.arch))
     fig = measure(load(model_dir), trials=args.trials)
     for line in fig.lines() + [f"FAILS: {f}" for f in fig.failures()]:
         print(line)

@@ -1,6 +1,6 @@
 """The tiny test model's MLA variant: DeepSeek-V3 architecture (multi-head latent attention), constructed weights.
 
-    python -m sglang_pdd.lab.testing.tiny_model OUT_DIR --arch mla [--kv-lora-rank 256 ...]
+    python -m sglang_pdd.lab.testing.tiny_model OUT_DIR --arch mla [--kv-lora-rank 512 ...]
 
 `TinyModelSpec(arch="mla")` builds a `DeepseekV3ForCausalLM` (transformers and sglang both load it) with
 the MHA model's tokenizer, hidden size, layers, heads and context construction
@@ -124,9 +124,7 @@ def model(spec, vocab: int, bos: int, eos: int, special_tokens: int):
 
 
 def load(model_dir: str):
-    """The built model on transformers, float32, for `model_check.measure`."""
-    import torch
-    from transformers import AutoModelForCausalLM
+    """The built model on transformers, float32, for `model_check.measure` (model_check.load)."""
+    from sglang_pdd.lab.testing import model_check
 
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return model_check.load(model_dir)

@@ -112,31 +112,50 @@ def _pool(cls):
 
 
 @pytest.mark.parametrize("role", ["prefill", "relay", "main"])
-@pytest.mark.parametrize("cls_name", ["MLATokenToKVPool", "DSATokenToKVPool", "HybridLinearKVPool"])
-def test_a_pdd_role_on_a_kv_pool_it_is_not_proven_on_stops_the_scheduler_naming_the_pool(role, cls_name):
-    from sglang.srt.mem_cache import memory_pool
+@pytest.mark.parametrize("cls_name, match", [
+    ("DSATokenToKVPool", "does not run on sparse indexed attention .DSA/NSA"),
+    ("HybridLinearKVPool", "runs only on sglang's MHA and MLA KV pools .*sliding-window and hybrid linear"),
+    ("SWAKVPool", "runs only on sglang's MHA and MLA KV pools .*sliding-window and hybrid linear"),
+])
+def test_a_pdd_role_on_a_kv_pool_it_is_not_proven_on_stops_the_scheduler_naming_the_pool(role, cls_name, match):
+    from sglang.srt.mem_cache import memory_pool, swa_memory_pool
 
     from sglang_pdd.hooks.packed_wan import after_init_kv_manager
     from sglang_pdd.roles import Role
 
+    cls = getattr(memory_pool, cls_name, None) or getattr(swa_memory_pool, cls_name)
     cfg = config.PddConfig(role=Role(role))
-    with pytest.raises(RuntimeError, match=f"sglang-pdd: error: --pdd-role {role} runs only on sglang's MHA KV "
-                                           f"pools .*this model's is {cls_name} .*without --pdd-role"):
-        supported.require_kv_pool(cfg, _pool(getattr(memory_pool, cls_name)))
+    with pytest.raises(RuntimeError, match=f"sglang-pdd: error: --pdd-role {role} {match}.*without --pdd-role"):
+        supported.require_kv_pool(cfg, _pool(cls))
+    with pytest.raises(RuntimeError, match=f"this model's KV pool is {cls_name} "):
+        supported.require_kv_pool(cfg, _pool(cls))
     cfg.export_env()
     try:  # the hook sglang runs at the KV manager's start does the same
         with pytest.raises(RuntimeError, match=cls_name):
-            after_init_kv_manager("manager", SimpleNamespace(token_to_kv_pool=_pool(getattr(memory_pool, cls_name))))
+            after_init_kv_manager("manager", SimpleNamespace(token_to_kv_pool=_pool(cls)))
     finally:
         config.PddConfig().export_env()
 
 
-@pytest.mark.parametrize("cls_name", ["MHATokenToKVPool", "MHATokenToKVPoolFP4"])
-def test_mha_pools_and_servers_without_a_role_pass(cls_name):
+@pytest.mark.parametrize("cls_name", ["MHATokenToKVPool", "MHATokenToKVPoolFP4", "MLATokenToKVPool",
+                                      "MLATokenToKVPoolFP4"])
+@pytest.mark.parametrize("role", ["prefill", "relay", "main"])
+def test_mha_and_mla_pools_and_servers_without_a_role_pass(cls_name, role):
     from sglang.srt.mem_cache import memory_pool
 
     from sglang_pdd.roles import Role
 
     pool = _pool(getattr(memory_pool, cls_name))
-    assert supported.unsupported_kv_pool(config.PddConfig(role=Role.MAIN), pool) is None
-    assert supported.unsupported_kv_pool(config.PddConfig(), _pool(memory_pool.MLATokenToKVPool)) is None
+    assert supported.unsupported_kv_pool(config.PddConfig(role=Role(role)), pool) is None
+    assert supported.unsupported_kv_pool(config.PddConfig(), _pool(memory_pool.DSATokenToKVPool)) is None
+
+
+@pytest.mark.parametrize("role", ["prefill", "main"])
+def test_the_packed_wan_path_runs_on_mla_pools_and_still_refuses_dsa(role):
+    from sglang.srt.mem_cache import memory_pool
+
+    from sglang_pdd.roles import Role
+
+    cfg = config.PddConfig(role=Role(role), packed_wan="plain")
+    assert supported.unsupported_kv_pool(cfg, _pool(memory_pool.MLATokenToKVPool)) is None
+    assert "DSA/NSA" in supported.unsupported_kv_pool(cfg, _pool(memory_pool.DSATokenToKVPool))

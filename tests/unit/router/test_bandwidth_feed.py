@@ -40,3 +40,57 @@ def test_small_windows_accumulate_and_restarts_reset():
     assert est.observations == 1 and abs(est.bytes_per_s - 10e6) < 1e3
     feed.update("p", page(0, 0, 0))  # counters went back: the server restarted
     assert est.observations == 1
+
+
+def test_feed_tells_each_site_link_what_p_lane_holds_for_it():
+    from sglang_pdd.policy.site_links import SiteLinks
+    from sglang_pdd.router.bandwidth_feed import queued_by_site
+
+    links = SiteLinks.single(BandwidthEstimator(1e6), 0.0)
+    links.add("b", 1e6, 0.0)
+    text = "\n".join([
+        'sglang_pdd_lane_queued_bytes{path="main",peer="10.0.0.2:7002"} 3000000',
+        'sglang_pdd_lane_queued_bytes{path="main",peer="10.0.0.2:7003"} 1000000',
+        'sglang_pdd_lane_queued_bytes{path="main",peer="10.9.0.1:7002"} 5',
+    ])
+    site_of = {"10.0.0.2": "b"}.get
+    assert queued_by_site(text, lambda h: site_of(h, "")) == {"b": 4e6, "": 5.0}
+    feed = TransferRateFeed(links, site_of=lambda h: site_of(h, ""))
+    feed.update("http://p:1", text)
+    assert links.of("b").queued_bytes("http://p:1") == 4e6 and links.of("").queued_bytes("http://p:1") == 5.0
+    feed.update("http://p:1", page(0, 0, 0))  # lanes drained: no gauge on the page holds nothing
+    assert links.of("b").queued_bytes("http://p:1") == 0
+
+
+def direct_page(md_bytes, md_s, md_batches, rld_bytes=0.0, rld_s=0.0):
+    """P->MD's plain-PD batches to the MD at 10.0.0.2, and (odd traffic) to the RLD at 10.0.0.1."""
+    return "\n".join([
+        f'sglang_pdd_transfer_bytes_total{{kind="kv",path="direct",peer="10.0.0.2:7002"}} {md_bytes}',
+        f'sglang_pdd_transfer_seconds_total{{kind="kv",path="direct",peer="10.0.0.2:7002"}} {md_s}',
+        f'sglang_pdd_transfer_batches_total{{kind="kv",path="direct",peer="10.0.0.2:7002"}} {md_batches}',
+        f'sglang_pdd_transfer_bytes_total{{kind="kv",path="direct",peer="10.0.0.1:7001"}} {rld_bytes}',
+        f'sglang_pdd_transfer_seconds_total{{kind="kv",path="direct",peer="10.0.0.1:7001"}} {rld_s}',
+        f'sglang_pdd_transfer_batches_total{{kind="kv",path="direct",peer="10.0.0.1:7001"}} {1 if rld_bytes else 0}',
+    ])
+
+
+def test_plain_pd_counts_towards_wan_hosts_only():
+    from sglang_pdd.policy.site_links import SiteLinks
+
+    est = BandwidthEstimator(initial_bytes_per_s=100e6, alpha=1.0)
+    links = SiteLinks.single(est, 0.0)
+    feed = TransferRateFeed(links)
+    feed.update("p", direct_page(0, 0, 0))
+    feed.update("p", direct_page(10e6, 2.0, 1, rld_bytes=500e6, rld_s=0.5))  # MD not a WAN host yet: ignored
+    assert est.observations == 0
+    links.wan_hosts = frozenset({"10.0.0.2"})
+    feed.update("p", direct_page(20e6, 4.0, 2, rld_bytes=1000e6, rld_s=1.0))  # 10 MB in 2 s to MD; RLD's LAN left out
+    assert est.observations == 1 and abs(est.bytes_per_s - 5e6) < 1e3
+
+
+def test_a_series_that_appears_on_a_later_page_counts_from_zero():
+    est = BandwidthEstimator(initial_bytes_per_s=100e6, alpha=1.0, rtt_s=0.0)
+    feed = TransferRateFeed(est)
+    feed.update("p", "")  # P's first page: no transfer yet
+    feed.update("p", page(20e6, 2.0, 1))  # its first main-leg transfer: a sample, not a baseline
+    assert est.observations == 1 and abs(est.bytes_per_s - 10e6) < 1e3

@@ -71,3 +71,12 @@ def test_a_policy_sglang_router_has_and_the_router_not_is_refused(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(BASE + ["--tokenizer-path", "x", "--policy", "power_of_two"])
     assert "--policy" in capsys.readouterr().err
+
+
+def test_the_ttft_slo_flag_parses_and_refuses_a_negative_value(capsys):
+    base = ["--prefill", "http://p:1", "--main", "http://m:3", "--tokenizer-path", "x"]
+    assert build_parser().parse_args(base).ttft_slo_secs == 0.0
+    assert build_parser().parse_args(base + ["--ttft-slo-secs", "2"]).ttft_slo_secs == 2.0
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(base + ["--ttft-slo-secs", "-1"])
+    assert "--ttft-slo-secs" in capsys.readouterr().err

@@ -60,6 +60,11 @@ def test_offer_round_trips_through_its_frame(fp8):
     assert o.geometry() == (4, 2, 2, 8, 2, 4, "bfloat16")
 
 
+def test_an_mla_offer_has_no_v_and_round_trips():
+    o = msgspec.structs.replace(offer(), k_heads=1, k_head_dim=576, v_heads=0, v_head_dim=0)
+    assert decode_offer(encode_offer(o)) == o and o.geometry()[4:6] == (0, 0)
+
+
 @pytest.mark.parametrize("frame", [b"", b"PDD-LANDING", b"\x81\xa3ptr\x01", b"PDD-OTHER\x00\x80"])
 def test_a_frame_without_the_magic_is_not_a_landing_frame(frame):
     assert decode_offer(frame) is None
@@ -76,7 +81,8 @@ def test_a_frame_without_the_magic_is_not_a_landing_frame(frame):
     (raw_frame(offer_fields(table_entries=0, data_off=0)), "non-positive"),
     (raw_frame(offer_fields(page_size=0)), "non-positive"),
     (raw_frame(offer_fields(num_pages=0)), "non-positive"),
-    (raw_frame(offer_fields(v_head_dim=0)), "non-positive"),
+    (raw_frame(offer_fields(v_head_dim=0)), "V heads but no V head dim"),  # only MLA has no V: both 0
+    (raw_frame(offer_fields(v_heads=0)), "V heads but no V head dim"),
     (raw_frame(offer_fields(data_off=64)), "overlaps its table"),  # 4 entries need 128 bytes
     (raw_frame(offer_fields(data_off=192 + 8)), "overlaps its table"),  # misaligned
     (raw_frame(offer_fields(data_off=8192)), "overlaps its table"),  # past the region

@@ -1,0 +1,94 @@
+"""The stitched PDD stream as sglang's TokenizerManager would have yielded it to its OpenAI layer.
+
+sglang's `OpenAIServingChat` reads, per chunk, a dict `{"text", "output_ids", "meta_info"}` whose text
+and ids are cumulative (the router publishes `incremental_streaming_output=False` to sglang's layer,
+whatever its roles stream), and whose `meta_info` carries the finish reason, the token counts, the
+cached prompt tokens and the output logprobs. `contents` builds those dicts from the dispatcher's
+`Delta`s: the text is the stitched text with a matched stop string cut as sglang's detokenizer cuts it
+(`openai_api.StopTrim`), the logprobs those the roles returned for the client's tokens (the dispatcher's
+list, aligned with the stitched ids), `cached_tokens` what the chosen MainDecode already held of the
+prompt when the router chose it. A non-streaming request gets one dict, the last.
+
+A failure of the request after it started becomes sglang's own abort chunk (a finish of type `abort`
+with the failure's status), which sglang's layer turns into its streaming error; a failure before any
+output is raised (`RequestFailed`), for the router to answer with its status.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import AsyncIterator, Callable
+
+from sglang_pdd.router.dispatch import Outcome
+from sglang_pdd.router.openai_api import StopTrim
+from sglang_pdd.router.request_failure import RequestFailed
+from sglang_pdd.router.stitch import Delta
+
+
+WEIGHT_VERSION = "default"  # sglang's default --weight-version (the roles' is not in their stream chunks)
+
+
+def _logprobs(entries: list) -> tuple[list, list | None]:
+    """The dispatcher's entries (logprob, id, text[, top row]) as sglang's two aligned lists."""
+    tokens = [tuple(e[:3]) for e in entries]
+    tops = [e[3] if len(e) > 3 else None for e in entries] if any(len(e) > 3 for e in entries) else None
+    return tokens, tops
+
+
+def content(rid: str, ids: list[int], text: str, reason: dict | None, n_prompt: int, outcome: Outcome,
+            logprobs: list | None) -> dict:
+    meta = {"id": rid, "finish_reason": reason, "prompt_tokens": n_prompt, "completion_tokens": len(ids),
+            "cached_tokens": outcome.md_hit or 0, "weight_version": WEIGHT_VERSION}
+    if logprobs is not None:
+        tokens, tops = _logprobs(logprobs[: len(ids)])
+        meta["output_token_logprobs"], meta["output_token_logprobs_length"] = tokens, len(tokens)
+        meta["output_top_logprobs"] = tops or []
+    return {"text": text, "output_ids": list(ids), "meta_info": meta}
+
+
+@dataclass
+class FeedState:
+    """What the feed saw: the client's tokens, and whether the request failed after it started."""
+
+    tokens: int = 0
+    failed: bool = False
+
+
+async def contents(stream: AsyncIterator[Delta], first: Delta | None, rid: str, n_prompt: int, stops: list[str],
+                   outcome: Outcome, logprobs: bool, whole: bool, state: FeedState,
+                   on_delta: Callable[[Delta], None] = lambda d: None) -> AsyncIterator[dict]:
+    """sglang's chunks for the request; `whole`: only the last (a non-streaming request). `on_delta`:
+    called for each delta after the first (the router's first-token clock)."""
+    ids: list[int] = []
+    trim = StopTrim(stops=list(stops))
+    last = None
+    started = False
+
+    async def deltas():
+        if first is not None:
+            yield first
+        async for d in stream:
+            on_delta(d)
+            yield d
+
+    try:
+        async for d in deltas():
+            ids += d.token_ids
+            state.tokens = len(ids)
+            trim.push(d.text, d.finish_reason)
+            started = True
+            last = content(rid, ids, trim.sent, d.finish_reason, n_prompt, outcome,
+                           outcome.live_logprobs if logprobs else None)
+            if not whole:
+                yield last
+    except RequestFailed as e:
+        if whole or not started:
+            raise
+        state.failed = True
+        status = HTTPStatus(e.status) if e.status in HTTPStatus._value2member_map_ else HTTPStatus.BAD_GATEWAY
+        yield content(rid, ids, trim.sent, {"type": "abort", "status_code": status, "message": str(e)},
+                      n_prompt, outcome, None)
+        return
+    if whole and last is not None:
+        yield last

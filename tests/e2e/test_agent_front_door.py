@@ -1,0 +1,193 @@
+"""An agent through the router (issue 32): tool calls, `response_format`, reasoning and logprobs on
+/v1/chat/completions, through the OpenAI Python SDK, equal to sglang's own OpenAI server on the same
+model and flags (`--tool-call-parser qwen25 --reasoning-parser qwen3`, grammar backend xgrammar), on
+P->RLD->MD with a handoff before the output completes and on P->MD. The router serves chat through
+sglang's own OpenAI layer (`router.openai_sglang`): what is compared here is that the PDD stream under
+it is exact (the constraint's grammar across the handoff, logprobs, finish reasons) and that the
+router's answer is shaped as sglang's server's. Negative control: MD skipping the grammar's advance
+over the relayed tokens gives another tool call."""
+
+import json
+
+import jsonschema
+import openai
+import pytest
+
+from sglang_pdd.lab.testing.launch_args import PddRouterConfig
+
+from .cluster import start_pdd
+from .router_checks import EAGER, assert_one_handoff, handoffs_on_main
+
+pytestmark = pytest.mark.e2e
+
+TOKEN_PORT = 18800
+PARSERS = ["--tool-call-parser", "qwen25", "--reasoning-parser", "qwen3"]
+SEEDED = {"temperature": 0.8, "top_p": 0.9, "seed": 77}
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "read_file", "description": "Read a file of the repository",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"},
+                                                        "max_lines": {"type": "integer"}},
+                       "required": ["path", "max_lines"]}}},
+    {"type": "function", "function": {
+        "name": "run_tests", "description": "Run the test suite",
+        "parameters": {"type": "object", "properties": {"pattern": {"type": "string", "enum": ["unit", "e2e"]}},
+                       "required": ["pattern"]}}},
+]
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["verdict", "files"],
+          "properties": {"verdict": {"type": "string", "enum": ["pass", "fail"]},
+                         "files": {"type": "array", "items": {"type": "string", "pattern": "^[a-z]{1,8}$"},
+                                   "minItems": 2, "maxItems": 4}}}
+
+
+def messages(turn: int = 0) -> list[dict]:
+    history = [{"role": "system", "content": "You are a coding agent. Use the tools. " * 8},
+               {"role": "user", "content": f"Task {turn}: find why the build fails and fix it. " * 6}]
+    return history
+
+
+@pytest.fixture(scope="module")
+def agent(server_group, tiny_model):
+    pdd = start_pdd(server_group, tiny_model, base_port=32100, bootstrap_port=8980, token_port=TOKEN_PORT,
+                    handoff_timeout=10, relay_extra=("--incremental-streaming-output",),
+                    main_extra=("--incremental-streaming-output",))
+    pdd.set_knobs("relay", relay_min_eager=EAGER)
+
+    def start(name, port, pipeline):
+        return server_group.start(name, PddRouterConfig(
+            prefill=[(pdd.prefill.url, pdd.bootstrap_port)], relay=[(pdd.relay.url, TOKEN_PORT)],
+            main=[pdd.main.url], tokenizer=tiny_model, port=port, pipeline=pipeline, extra=PARSERS)).wait_ready()
+
+    return {"relay": start("agent-router-relay", 32103, "relay"), "direct": start("agent-router-direct", 32104, "direct"),
+            "main": pdd.main, "pdd": pdd}
+
+
+def client(url: str):
+    return openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=300)
+
+
+def ask(url: str, stream: bool, **body) -> dict:
+    """The answer as one dict: message (content, reasoning_content, tool calls without their random ids),
+    finish reason, logprobs; a stream's deltas put together."""
+    # the qwen3 reasoning parser takes a Qwen3 model's output for thinking unless told it does not think
+    kw = {"model": "tiny", "messages": messages(), "max_tokens": 96, "temperature": 0,
+          "chat_template_kwargs": {"enable_thinking": False}, **body}
+    extra = {k: kw.pop(k) for k in ("separate_reasoning", "chat_template_kwargs") if k in kw}
+    c = client(url)
+    if not stream:
+        r = c.chat.completions.create(**kw, extra_body=extra or None)
+        ch = r.choices[0]
+        calls = [(t.function.name, t.function.arguments) for t in ch.message.tool_calls or []]
+        lps = [(x.token, x.logprob, [(t.token, t.logprob) for t in x.top_logprobs]) for x in
+               (ch.logprobs.content if ch.logprobs else [])]
+        return {"content": ch.message.content or "", "reasoning": getattr(ch.message, "reasoning_content", None) or "",
+                "calls": calls, "finish": ch.finish_reason, "logprobs": lps,
+                "usage": r.usage.model_dump() if r.usage else None}
+    content, reasoning, finish, lps, usage = "", "", None, [], None
+    calls: dict[int, list[str]] = {}
+    for chunk in c.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True},
+                                           extra_body=extra or None):
+        if chunk.usage is not None:
+            usage = chunk.usage.model_dump()
+        for ch in chunk.choices:
+            d = ch.delta
+            content += d.content or ""
+            reasoning += getattr(d, "reasoning_content", None) or ""
+            for t in d.tool_calls or []:
+                name_args = calls.setdefault(t.index, ["", ""])
+                name_args[0] += (t.function.name or "") if t.function else ""
+                name_args[1] += (t.function.arguments or "") if t.function else ""
+            if ch.logprobs and ch.logprobs.content:
+                lps += [(x.token, x.logprob, [(t.token, t.logprob) for t in x.top_logprobs]) for x in ch.logprobs.content]
+            finish = ch.finish_reason or finish
+    return {"content": content, "reasoning": reasoning, "calls": [tuple(calls[i]) for i in sorted(calls)],
+            "finish": finish, "logprobs": lps, "usage": usage}
+
+
+def same(got: dict, want: dict, what: str) -> None:
+    for key in ("content", "reasoning", "calls", "finish"):
+        assert got[key] == want[key], f"{what}: {key} differs from the single server's: {got[key]!r} != {want[key]!r}"
+    tokens = [t for t, _, _ in got["logprobs"]], [t for t, _, _ in want["logprobs"]]
+    assert tokens[0] == tokens[1], f"{what}: the tokens differ from the single server's"
+    for (_, a, ta), (_, b, tb) in zip(got["logprobs"], want["logprobs"]):
+        assert abs(a - b) < 1e-3 and [t for t, _ in ta] == [t for t, _ in tb], what
+
+
+def through_router(agent, pipeline: str, stream: bool, **body) -> dict:
+    before = handoffs_on_main(agent)
+    got = ask(agent[pipeline].url, stream, **body)
+    if pipeline == "relay":
+        assert_one_handoff(agent, before)
+    else:
+        assert handoffs_on_main(agent)[0] == before[0]
+    return got
+
+
+TOOL_CHOICES = {"required": "required", "named": {"type": "function", "function": {"name": "read_file"}},
+                "auto": "auto", "none": "none"}
+
+
+@pytest.mark.parametrize("choice", sorted(TOOL_CHOICES))
+def test_tool_calls_are_a_single_servers(agent, reference_server, choice):
+    """Every tool_choice, greedy and seeded, relayed with a handoff and direct, whole and streamed:
+    the single server's tool calls (name and arguments), content and finish reason."""
+    body = {"tools": TOOLS, "tool_choice": TOOL_CHOICES[choice], "logprobs": True}  # logprobs: every token compared
+    for sp in ({}, SEEDED):
+        want = ask(reference_server.url, False, **body, **sp)
+        if choice == "required":  # constrained to call (the tiny model's arguments are its own, maybe unfinished)
+            assert "".join(t for t, _, _ in want["logprobs"]).startswith("<tool_call>"), want
+        if choice == "named":
+            assert {name for name, _ in want["calls"]} == {"read_file"}, want
+        for pipeline in ("relay", "direct"):
+            for stream in (False, True):
+                got = through_router(agent, pipeline, stream, **body, **sp)
+                same(got, want, f"tool_choice {choice} {pipeline} stream={stream} {sp or 'greedy'}")
+
+
+def test_response_format_json_schema_is_valid_and_a_single_servers(agent, reference_server):
+    body = {"response_format": {"type": "json_schema", "json_schema": {"name": "verdict", "schema": SCHEMA}},
+            "logprobs": True}
+    for sp in ({}, SEEDED):
+        want = ask(reference_server.url, False, **body, **sp)
+        jsonschema.validate(json.loads(want["content"]), SCHEMA)
+        for pipeline in ("relay", "direct"):
+            got = through_router(agent, pipeline, True, **body, **sp)
+            same(got, want, f"json_schema {pipeline} {sp or 'greedy'}")
+
+
+def test_reasoning_is_split_as_a_single_server_splits_it(agent, reference_server):
+    """`enable_thinking`: the qwen3 parser takes the output for reasoning until `</think>`; the router's
+    split (whole and streamed) is the single server's."""
+    body = {"chat_template_kwargs": {"enable_thinking": True}, "separate_reasoning": True, "max_tokens": 64}
+    want = ask(reference_server.url, False, **body)
+    assert want["reasoning"], want
+    for stream in (False, True):
+        same(through_router(agent, "relay", stream, **body), want, f"reasoning stream={stream}")
+
+
+def test_logprobs_and_top_logprobs_are_a_single_servers(agent, reference_server):
+    body = {"logprobs": True, "top_logprobs": 3, "max_tokens": 48}
+    want = ask(reference_server.url, False, **body)
+    assert len(want["logprobs"]) == 48 and all(len(t) == 3 for _, _, t in want["logprobs"])
+    for pipeline in ("relay", "direct"):
+        for stream in (False, True):
+            same(through_router(agent, pipeline, stream, **body), want, f"logprobs {pipeline} stream={stream}")
+
+
+def test_cached_tokens_report_the_prefix_main_decode_held(agent):
+    """A resent history (an agent's next turn) is reported as cached: what MD held of the prompt."""
+    body = {"max_tokens": 8}
+    first = ask(agent["direct"].url, False, **body)
+    again = ask(agent["direct"].url, False, **body)
+    held = again["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert first["usage"]["prompt_tokens"] == again["usage"]["prompt_tokens"]
+    assert again["usage"]["prompt_tokens"] * 0.9 <= held <= again["usage"]["prompt_tokens"], again["usage"]
+
+
+def test_negative_control_main_skipping_the_grammar_advance_changes_the_call(agent, reference_server):
+    body = {"tools": TOOLS, "tool_choice": TOOL_CHOICES["named"], "logprobs": True}
+    want = ask(reference_server.url, False, **body)
+    with agent["pdd"].knobs("main", main_skip_grammar_advance=True):
+        got = through_router(agent, "relay", False, **body)
+    with pytest.raises(AssertionError, match="from the single server"):
+        same(got, want, "control")
