@@ -110,10 +110,6 @@ def log_dir(artifacts_dir) -> str:
     return d
 
 
-# sglang's OpenAI layer parses tool calls and reasoning on the reference as the agent tests' routers do
-REFERENCE_PARSERS = ["--tool-call-parser", "qwen25", "--reasoning-parser", "qwen3"]
-
-
 @pytest.fixture(scope="session")
 def reference_server(private_netns, tiny_model, log_dir):
     """A single (non-disaggregated) sglang server: the reference for token identity, greedy and seeded
@@ -123,7 +119,7 @@ def reference_server(private_netns, tiny_model, log_dir):
 
     ss = ServerGroup(log_dir)
     s = ss.start("reference", ServerConfig(model=tiny_model, port=30000, nccl_port=31000,
-                                                extra=["--pdd-seeded-sampling", "on", *REFERENCE_PARSERS]))
+                                                extra=["--pdd-seeded-sampling", "on"]))
     try:
         s.wait_ready()
         yield s

@@ -1,6 +1,7 @@
 """An agent through the router (issue 32): tool calls, `response_format`, reasoning and logprobs on
 /v1/chat/completions, through the OpenAI Python SDK, equal to sglang's own OpenAI server on the same
-model and flags (`--tool-call-parser qwen25 --reasoning-parser qwen3`, grammar backend xgrammar), on
+model and flags (`--tool-call-parser qwen25 --reasoning-parser qwen3`, grammar backend xgrammar: a
+reference server of this module's), on
 P->RLD->MD with a handoff before the output completes and on P->MD. The router serves chat through
 sglang's own OpenAI layer (`router.openai_sglang`): what is compared here is that the PDD stream under
 it is exact (the constraint's grammar across the handoff, logprobs, finish reasons) and that the
@@ -60,6 +61,16 @@ def agent(server_group, tiny_model):
 
     return {"relay": start("agent-router-relay", 32103, "relay"), "direct": start("agent-router-direct", 32104, "direct"),
             "main": pdd.main, "pdd": pdd}
+
+
+@pytest.fixture(scope="module")
+def reference_server(server_group, tiny_model):
+    """A single sglang server with the routers' parsers (the session's reference has none: with the qwen3
+    reasoning parser, a chat's output is reasoning unless the request says the model does not think)."""
+    from sglang_pdd.lab.testing.launch_args import ServerConfig
+
+    return server_group.start("agent-reference", ServerConfig(
+        model=tiny_model, port=32105, nccl_port=33105, extra=["--pdd-seeded-sampling", "on", *PARSERS])).wait_ready()
 
 
 def client(url: str):
@@ -129,17 +140,18 @@ TOOL_CHOICES = {"required": "required", "named": {"type": "function", "function"
 
 @pytest.mark.parametrize("choice", sorted(TOOL_CHOICES))
 def test_tool_calls_are_a_single_servers(agent, reference_server, choice):
-    """Every tool_choice, greedy and seeded, relayed with a handoff and direct, whole and streamed:
-    the single server's tool calls (name and arguments), content and finish reason."""
+    """Every tool_choice, greedy and seeded, relayed with a handoff and direct, whole and streamed (each
+    against the single server's answer of the same kind): its tool calls (name and arguments), content,
+    finish reason and tokens."""
     body = {"tools": TOOLS, "tool_choice": TOOL_CHOICES[choice], "logprobs": True}  # logprobs: every token compared
     for sp in ({}, SEEDED):
-        want = ask(reference_server.url, False, **body, **sp)
-        if choice == "required":  # constrained to call (the tiny model's arguments are its own, maybe unfinished)
-            assert "".join(t for t, _, _ in want["logprobs"]).startswith("<tool_call>"), want
-        if choice == "named":
-            assert {name for name, _ in want["calls"]} == {"read_file"}, want
-        for pipeline in ("relay", "direct"):
-            for stream in (False, True):
+        for stream in (False, True):  # sglang parses a stream's unfinished call where a whole answer has none
+            want = ask(reference_server.url, stream, **body, **sp)
+            if choice == "required":  # constrained to call (the tiny model's arguments are its own, maybe unfinished)
+                assert "".join(t for t, _, _ in want["logprobs"]).startswith("<tool_call>"), want
+            if choice == "named":
+                assert {name for name, _ in want["calls"]} == {"read_file"}, want
+            for pipeline in ("relay", "direct"):
                 got = through_router(agent, pipeline, stream, **body, **sp)
                 same(got, want, f"tool_choice {choice} {pipeline} stream={stream} {sp or 'greedy'}")
 
@@ -148,7 +160,7 @@ def test_response_format_json_schema_is_valid_and_a_single_servers(agent, refere
     body = {"response_format": {"type": "json_schema", "json_schema": {"name": "verdict", "schema": SCHEMA}},
             "logprobs": True}
     for sp in ({}, SEEDED):
-        want = ask(reference_server.url, False, **body, **sp)
+        want = ask(reference_server.url, True, **body, **sp)
         jsonschema.validate(json.loads(want["content"]), SCHEMA)
         for pipeline in ("relay", "direct"):
             got = through_router(agent, pipeline, True, **body, **sp)
@@ -159,18 +171,18 @@ def test_reasoning_is_split_as_a_single_server_splits_it(agent, reference_server
     """`enable_thinking`: the qwen3 parser takes the output for reasoning until `</think>`; the router's
     split (whole and streamed) is the single server's."""
     body = {"chat_template_kwargs": {"enable_thinking": True}, "separate_reasoning": True, "max_tokens": 64}
-    want = ask(reference_server.url, False, **body)
-    assert want["reasoning"], want
     for stream in (False, True):
+        want = ask(reference_server.url, stream, **body)
+        assert want["reasoning"], want
         same(through_router(agent, "relay", stream, **body), want, f"reasoning stream={stream}")
 
 
 def test_logprobs_and_top_logprobs_are_a_single_servers(agent, reference_server):
     body = {"logprobs": True, "top_logprobs": 3, "max_tokens": 48}
-    want = ask(reference_server.url, False, **body)
-    assert len(want["logprobs"]) == 48 and all(len(t) == 3 for _, _, t in want["logprobs"])
-    for pipeline in ("relay", "direct"):
-        for stream in (False, True):
+    for stream in (False, True):
+        want = ask(reference_server.url, stream, **body)
+        assert len(want["logprobs"]) == 48 and all(len(t) == 3 for _, _, t in want["logprobs"])
+        for pipeline in ("relay", "direct"):
             same(through_router(agent, pipeline, stream, **body), want, f"logprobs {pipeline} stream={stream}")
 
 
