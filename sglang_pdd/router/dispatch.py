@@ -223,6 +223,7 @@ class Dispatcher:
         peers = {"prefill": self.prefill.pick(exclude if f.role == "prefill" else ()),
                  "main": self.main.pick(exclude if f.role == "main" else ()) if pipe is Pipeline.P_MD else None,
                  "relay": self.relay.pick(exclude if f.role == "relay" else ()) if pipe is Pipeline.P_RLD else None}
+        self.placement.chosen_prefill = peers["prefill"]  # the policy reads the lane of the P the copy uses
         if d.may_relay:  # the resumed request on its new MD, as any request: P->RLD->MD where MD misses much
             resumed = migration.resumed_request(input_ids, sampling_params, stitcher.ids)
             pipe, why = self.choose(resumed[0], int(resumed[1].get("max_new_tokens") or 128), peers["main"], mode=mode)

@@ -115,8 +115,8 @@ def ask(url: str, stream: bool, **body) -> dict:
             "finish": finish, "logprobs": lps, "usage": usage}
 
 
-def same(got: dict, want: dict, what: str) -> None:
-    for key in ("content", "reasoning", "calls", "finish"):
+def same(got: dict, want: dict, what: str, keys=("content", "reasoning", "calls", "finish")) -> None:
+    for key in keys:
         assert got[key] == want[key], f"{what}: {key} differs from the single server's: {got[key]!r} != {want[key]!r}"
     tokens = [t for t, _, _ in got["logprobs"]], [t for t, _, _ in want["logprobs"]]
     assert tokens[0] == tokens[1], f"{what}: the tokens differ from the single server's"
@@ -145,15 +145,22 @@ def test_tool_calls_are_a_single_servers(agent, reference_server, choice):
     finish reason and tokens."""
     body = {"tools": TOOLS, "tool_choice": TOOL_CHOICES[choice], "logprobs": True}  # logprobs: every token compared
     for sp in ({}, SEEDED):
+        unfinished = False
         for stream in (False, True):  # sglang parses a stream's unfinished call where a whole answer has none
             want = ask(reference_server.url, stream, **body, **sp)
+            if not stream:
+                unfinished = choice == "required" and not want["calls"]
             if choice == "required":  # constrained to call (the tiny model's arguments are its own, maybe unfinished)
                 assert "".join(t for t, _, _ in want["logprobs"]).startswith("<tool_call>"), want
             if choice == "named":
                 assert {name for name, _ in want["calls"]} == {"read_file"}, want
             for pipeline in ("relay", "direct"):
                 got = through_router(agent, pipeline, stream, **body, **sp)
-                same(got, want, f"tool_choice {choice} {pipeline} stream={stream} {sp or 'greedy'}")
+                # a call cut by max_tokens streams as far as sglang's parser dares, which depends on where
+                # the chunks end: on sglang's own server too. Its tokens are still compared, every one.
+                keys = ("content", "reasoning", "finish") if stream and unfinished else ("content", "reasoning",
+                                                                                           "calls", "finish")
+                same(got, want, f"tool_choice {choice} {pipeline} stream={stream} {sp or 'greedy'}", keys)
 
 
 def test_response_format_json_schema_is_valid_and_a_single_servers(agent, reference_server):

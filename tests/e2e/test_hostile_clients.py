@@ -95,7 +95,8 @@ PROBES = [
     ("stop_token_ids out of vocab", '"stop_token_ids": [1000000000]', ENDPOINTS, "stop_token_ids"),
     ("stream_options not an object", '"stream": true, "stream_options": 5',
      ("/v1/completions", "/v1/chat/completions"), "stream_options"),
-    ("logprobs (dropped silently)", '"logprobs": true', ("/v1/chat/completions",), "logprobs"),
+    ("logprobs (dropped silently: /v1/completions)", '"logprobs": 2', ("/v1/completions",), "logprobs"),
+    ("tools on the builtin layer", '"tools": [{"type": "function"}]', ("/v1/completions",), "tools"),
     ("lora_path (dropped silently)", '"lora_path": "x"', ENDPOINTS, "lora_path"),
 ]
 CASES = [(name, members, ep, words) for name, members, eps, words in PROBES for ep in eps]
