@@ -31,12 +31,20 @@ TOOLS = [
 ]
 
 
-def run_tool(name: str, arguments: str, turn: int) -> str:
-    """Stands in for running the agent's tool: the new text each turn appends."""
+def parsed_arguments(arguments: str) -> dict | None:
+    """A call's arguments as a JSON object, or None (not JSON, or not an object: a model's bad call)."""
     try:
         args = json.loads(arguments) if arguments else {}
     except ValueError:
-        return f"error: the arguments of {name} are not JSON"
+        return None
+    return args if isinstance(args, dict) else None
+
+
+def run_tool(name: str, arguments: str, turn: int) -> str:
+    """Stands in for running the agent's tool: the new text each turn appends."""
+    args = parsed_arguments(arguments)
+    if args is None:
+        return f"error: the arguments of {name} are not a JSON object"
     shown = json.dumps(args, sort_keys=True)[:80]
     return f"$ {name} {shown}: step {turn}, exit 0, 3 files changed"
 
@@ -63,9 +71,12 @@ def agent_loop(client: OpenAI, model: str, task: str, turns: int, max_tokens: in
                   f"{[c.function.name for c in calls] or repr(msg.content)}\n")
         said = {"role": "assistant", "content": msg.content or ""}
         if calls:
-            said["tool_calls"] = [{"id": c.id, "type": "function",
-                                   "function": {"name": c.function.name, "arguments": c.function.arguments}}
-                                  for c in calls]
+            # a bad call is sent back with empty arguments (servers refuse history whose arguments are not
+            # a JSON object) and its result says what was wrong
+            said["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+                "name": c.function.name,
+                "arguments": c.function.arguments if parsed_arguments(c.function.arguments) is not None else "{}"}}
+                for c in calls]
         messages.append(said)
         for c in calls:  # one result per call
             messages.append({"role": "tool", "tool_call_id": c.id, "content": run_tool(c.function.name,

@@ -7,16 +7,26 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from sglang_pdd.lab.testing import tiny_mla
 from sglang_pdd.lab.testing.launch_args import ServerConfig
+from sglang_pdd.lab.testing.prompts import PromptMaker
 from sglang_pdd.lab.testing.tiny_model import TinyModelSpec, build_cached
 
 MLA_FLAGS = ("--attention-backend", tiny_mla.ATTENTION_BACKEND)
 MLA_ENV = dict(tiny_mla.SERVER_ENV)
 
 
-def mla_model(artifacts_dir: str) -> str:
+@pytest.fixture(scope="module")
+def mla_model(artifacts_dir, tiny_model) -> str:  # tiny_model: skips where sglang is not installed
+    """The MLA test model's directory (a fixture: a module imports it from here)."""
     return build_cached(os.path.join(artifacts_dir, "models"), TinyModelSpec(arch="mla"))
+
+
+@pytest.fixture(scope="module")
+def mla_prompts(mla_model):
+    return PromptMaker(mla_model)
 
 
 def start_reference(server_group, model: str, port: int):

@@ -8,7 +8,10 @@ it is exact (the constraint's grammar across the handoff, logprobs, finish reaso
 router's answer is shaped as sglang's server's. Negative control: MD skipping the grammar's advance
 over the relayed tokens gives another tool call."""
 
+import importlib.util
+import io
 import json
+import os
 
 import jsonschema
 import openai
@@ -49,7 +52,7 @@ def messages(turn: int = 0) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def agent(server_group, tiny_model):
-    pdd = start_pdd(server_group, tiny_model, base_port=32100, bootstrap_port=8980, token_port=TOKEN_PORT,
+    pdd = start_pdd(server_group, tiny_model, base_port=32400, bootstrap_port=8980, token_port=TOKEN_PORT,
                     handoff_timeout=10, relay_extra=("--incremental-streaming-output",),
                     main_extra=("--incremental-streaming-output",))
     pdd.set_knobs("relay", relay_min_eager=EAGER)
@@ -59,7 +62,7 @@ def agent(server_group, tiny_model):
             prefill=[(pdd.prefill.url, pdd.bootstrap_port)], relay=[(pdd.relay.url, TOKEN_PORT)],
             main=[pdd.main.url], tokenizer=tiny_model, port=port, pipeline=pipeline, extra=PARSERS)).wait_ready()
 
-    return {"relay": start("agent-router-relay", 32103, "relay"), "direct": start("agent-router-direct", 32104, "direct"),
+    return {"relay": start("agent-router-relay", 32403, "relay"), "direct": start("agent-router-direct", 32404, "direct"),
             "main": pdd.main, "pdd": pdd}
 
 
@@ -70,7 +73,7 @@ def reference_server(server_group, tiny_model):
     from sglang_pdd.lab.testing.launch_args import ServerConfig
 
     return server_group.start("agent-reference", ServerConfig(
-        model=tiny_model, port=32105, nccl_port=33105, extra=["--pdd-seeded-sampling", "on", *PARSERS])).wait_ready()
+        model=tiny_model, port=32405, nccl_port=33405, extra=["--pdd-seeded-sampling", "on", *PARSERS])).wait_ready()
 
 
 def client(url: str):
@@ -210,3 +213,33 @@ def test_negative_control_main_skipping_the_grammar_advance_changes_the_call(age
         got = through_router(agent, "relay", False, **body)
     with pytest.raises(AssertionError, match="from the single server"):
         same(got, want, "control")
+
+
+def without_ids(conversation: list[dict]) -> list[dict]:
+    """The conversation without the tool-call ids (random per server)."""
+    out = []
+    for m in conversation:
+        m = {k: v for k, v in m.items() if k != "tool_call_id"}
+        if "tool_calls" in m:
+            m["tool_calls"] = [{**c, "id": None} for c in m["tool_calls"]]
+        out.append(m)
+    return out
+
+
+def test_the_agent_loop_example_goes_the_same_way_through_the_router(agent, reference_server):
+    """examples/clients/agent_loop.py, three turns of a named tool's calls and their results, each turn
+    resending the whole history: the same conversation through the router (every turn relayed, a
+    handoff each) as through the single server."""
+    spec = importlib.util.spec_from_file_location("agent_loop_example", os.path.join(
+        os.path.dirname(__file__), "..", "..", "examples", "clients", "agent_loop.py"))
+    loop = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loop)
+    kw = dict(task="The build fails in tests/test_io.py; fix it.", turns=3, max_tokens=48, out=io.StringIO(),
+              tool_choice={"type": "function", "function": {"name": "read_file"}},
+              extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    want = loop.agent_loop(client(reference_server.url), "tiny", **kw)
+    before = handoffs_on_main(agent)
+    got = loop.agent_loop(client(agent["relay"].url), "tiny", **kw)
+    assert handoffs_on_main(agent)[0] - before[0] == 3
+    assert sum(1 for m in want if m["role"] == "tool") == 3  # a call each turn, its result sent back
+    assert without_ids(got) == without_ids(want)

@@ -11,9 +11,9 @@ import pytest
 from sglang_pdd.lab.testing import identity
 from sglang_pdd.lab.testing.client import greedy_body, pd_generate
 from sglang_pdd.lab.testing.pdd_client import relayed_generate
-from sglang_pdd.lab.testing.prompts import PromptMaker
 
 from . import mla_cluster
+from .mla_cluster import mla_model, mla_prompts  # noqa: F401 (fixtures)
 from .cluster import decode_roles_idle, metric
 
 pytestmark = pytest.mark.e2e
@@ -23,16 +23,6 @@ TOKEN_PORT = 18760
 PAGE = 16
 NEW = 24
 RELAYED_NEW = 64
-
-
-@pytest.fixture(scope="module")
-def mla_model(artifacts_dir, tiny_model) -> str:  # tiny_model: skips where sglang is not installed
-    return mla_cluster.mla_model(artifacts_dir)
-
-
-@pytest.fixture(scope="module")
-def mla_prompts(mla_model):
-    return PromptMaker(mla_model)
 
 
 @pytest.fixture(scope="module")

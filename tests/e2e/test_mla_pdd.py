@@ -20,11 +20,11 @@ from sglang_pdd.lab.testing import identity
 from sglang_pdd.lab.testing.client import greedy_body, stream_generate
 from sglang_pdd.lab.testing.launch_args import PddRouterConfig
 from sglang_pdd.lab.testing.pdd_client import relayed_generate
-from sglang_pdd.lab.testing.prompts import PromptMaker
 from sglang_pdd.lab.testing.servers import http_json
 from sglang_pdd.protocol.reply import ReplyMeta
 
 from . import mla_cluster
+from .mla_cluster import mla_model, mla_prompts  # noqa: F401 (fixtures)
 from .cluster import decode_roles_idle, kv_bytes_per_token, metric
 from .router_checks import EAGER, assert_one_handoff, check_generate, handoffs_on_main, main_leg_bytes
 
@@ -36,16 +36,6 @@ PAGE = 16
 CHUNK = 256  # P's chunked prefill: a longer prompt's later chunks are MLA's absorbed path over cached rows
 N = 32
 SEEDED = {"temperature": 0.8, "top_p": 0.9, "sampling_seed": 4321}
-
-
-@pytest.fixture(scope="module")
-def mla_model(artifacts_dir, tiny_model) -> str:  # tiny_model: skips where sglang is not installed
-    return mla_cluster.mla_model(artifacts_dir)
-
-
-@pytest.fixture(scope="module")
-def mla_prompts(mla_model):
-    return PromptMaker(mla_model)
 
 
 @pytest.fixture(scope="module")
