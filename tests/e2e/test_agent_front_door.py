@@ -227,9 +227,9 @@ def without_ids(conversation: list[dict]) -> list[dict]:
 
 
 def test_the_agent_loop_example_goes_the_same_way_through_the_router(agent, reference_server):
-    """examples/clients/agent_loop.py, three turns of a named tool's calls and their results, each turn
-    resending the whole history: the same conversation through the router (every turn relayed, a
-    handoff each) as through the single server."""
+    """examples/clients/agent_loop.py, three turns under a named tool choice (a call parsed is run and its
+    result sent back), each turn resending the whole history: the same conversation through the router
+    (every turn relayed, a handoff each) as through the single server."""
     spec = importlib.util.spec_from_file_location("agent_loop_example", os.path.join(
         os.path.dirname(__file__), "..", "..", "examples", "clients", "agent_loop.py"))
     loop = importlib.util.module_from_spec(spec)
@@ -241,5 +241,6 @@ def test_the_agent_loop_example_goes_the_same_way_through_the_router(agent, refe
     before = handoffs_on_main(agent)
     got = loop.agent_loop(client(agent["relay"].url), "tiny", **kw)
     assert handoffs_on_main(agent)[0] - before[0] == 3
-    assert sum(1 for m in want if m["role"] == "tool") == 3  # a call each turn, its result sent back
+    assert any(m["role"] == "tool" for m in want)  # a call parsed and its result sent back (the tiny model's
+    # calls under max_tokens are not always finished: such a turn goes on without one)
     assert without_ids(got) == without_ids(want)
