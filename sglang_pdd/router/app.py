@@ -81,7 +81,7 @@ class RouterApp:
     async def ready(self, _req):
         """Readiness: 200 while some pipeline can serve a request (RLD alone counts), else 503 saying
         what is missing (`router.readiness`)."""
-        r = readiness(self.d.prefill, self.d.relay, self.d.main, self.d.cfg.migration_limit)
+        r = readiness(self.d.prefill, self.d.relay, self.d.main, self.d.cfg.migration_limit, self.d.cfg.pipeline)
         return web.json_response(r.body(), status=200 if r.ready else 503)
 
     async def health(self, _req):

@@ -1,8 +1,9 @@
 """Whether the router can serve a request now: its readiness (`GET /ready`, a Kubernetes readinessProbe).
 
 A request needs a P in service and then either an MD in service (P->MD, P->RLD->MD) or, with every MD
-out, an RLD in service to finish it alone: the dispatcher migrates a request whose MD fails to P->RLD
-when no MD is in service (`migration.decide`), which needs `--migration-limit` 1 or more. A WAN cut
+out, an RLD in service to serve it alone: under `--pipeline auto` or `relay` a new request goes P->RLD at
+once while no MD is in service (`policy.pipeline.NO_MAIN`), and a request whose MD fails is migrated to
+P->RLD (`migration.decide`), which needs `--migration-limit` 1 or more (the only way under `direct`). A WAN cut
 takes every MD of a one-site example out; the router stays ready on P->RLD alone, and its streams in
 flight go on. Liveness (`GET /live`) depends on no peer at all: the process serves.
 """
@@ -34,23 +35,26 @@ def _serves(pool: PeerPool) -> bool:
     return any(not p.health.out for p in pool.peers)
 
 
-def readiness(prefill: PeerPool, relay: PeerPool, main: PeerPool, migration_limit: int) -> Readiness:
-    """The pipelines open now; ready when there is one. `migration_limit`: the dispatcher's; with 0 a
-    request whose MD is out is not moved to RLD alone, so RLD alone does not make the router ready."""
+def readiness(prefill: PeerPool, relay: PeerPool, main: PeerPool, migration_limit: int,
+              pipeline: str = "auto") -> Readiness:
+    """The pipelines open now; ready when there is one. `migration_limit`, `pipeline`: the dispatcher's;
+    under `direct` with 0 no request reaches RLD alone, so RLD alone does not make the router ready."""
     p, rld, md = _serves(prefill), _serves(relay), _serves(main)
+    alone = migration_limit > 0 or pipeline != "direct"  # RLD alone serves while every MD is out
     open_: list[str] = []
     if p and md:
         open_.append(Pipeline.P_MD.value)
         if rld:
             open_.append(Pipeline.P_RLD_MD.value)
-    if p and rld and (md or migration_limit > 0):  # odd traffic with MD in service; the fallback without
+    if p and rld and (md or alone):  # odd traffic with MD in service; the fallback without
         open_.append(Pipeline.P_RLD.value)
     missing = ""
     if not p:
         missing = "no prefill server in service"
     elif not md and not rld:
         missing = "no main server in service, and no relay in service to serve alone"
-    elif not md and migration_limit <= 0:
-        missing = "no main server in service, and --migration-limit 0 keeps requests off the relay alone"
+    elif not md and not alone:
+        missing = ("no main server in service, and --pipeline direct with --migration-limit 0 keeps requests "
+                   "off the relay alone")
     out = {pool.role: [x.url for x in pool.out()] for pool in (prefill, relay, main) if pool}
     return Readiness(not missing, open_, missing, out)

@@ -34,16 +34,18 @@ def _pool(role: str, *out: bool) -> PeerPool:
     return PeerPool(role, peers)
 
 
-@pytest.mark.parametrize("p_out, rld_out, md_out, limit, ready, pipelines", [
-    (False, False, False, 1, True, ["P->MD", "P->RLD->MD", "P->RLD"]),
-    (False, False, True, 1, True, ["P->RLD"]),  # every MD out (a WAN cut): RLD alone serves
-    (False, False, True, 0, False, []),  # ... only through a migration, which --migration-limit 0 forbids
-    (False, True, True, 1, False, []),  # no MD and no RLD
-    (False, True, False, 0, True, ["P->MD"]),
-    (True, False, False, 1, False, []),  # no P: nothing serves
+@pytest.mark.parametrize("p_out, rld_out, md_out, limit, mode, ready, pipelines", [
+    (False, False, False, 1, "direct", True, ["P->MD", "P->RLD->MD", "P->RLD"]),
+    (False, False, True, 1, "direct", True, ["P->RLD"]),  # every MD out (a WAN cut): RLD alone serves
+    (False, False, True, 0, "direct", False, []),  # ... under direct only through a migration, which 0 forbids
+    (False, False, True, 0, "auto", True, ["P->RLD"]),  # ... under auto a new request goes P->RLD at once
+    (False, False, True, 0, "relay", True, ["P->RLD"]),
+    (False, True, True, 1, "auto", False, []),  # no MD and no RLD
+    (False, True, False, 0, "direct", True, ["P->MD"]),
+    (True, False, False, 1, "auto", False, []),  # no P: nothing serves
 ])
-def test_readiness_is_some_pipeline_open(p_out, rld_out, md_out, limit, ready, pipelines):
-    r = readiness(_pool("prefill", p_out), _pool("relay", rld_out), _pool("main", md_out, md_out), limit)
+def test_readiness_is_some_pipeline_open(p_out, rld_out, md_out, limit, mode, ready, pipelines):
+    r = readiness(_pool("prefill", p_out), _pool("relay", rld_out), _pool("main", md_out, md_out), limit, mode)
     assert (r.ready, r.pipelines) == (ready, pipelines)
     assert (r.body()["status"], "missing" in r.body()) == (("ready", False) if ready else ("not ready", True))
 
@@ -105,7 +107,7 @@ def test_with_prefill_out_the_router_is_live_but_not_ready():
 
 class _ReadyHolding(HoldingDispatcher):
     prefill, relay, main = _pool("prefill", False), _pool("relay", False), _pool("main", False)
-    cfg = types.SimpleNamespace(migration_limit=1)
+    cfg = types.SimpleNamespace(migration_limit=1, pipeline="auto")
 
 
 def test_probes_need_no_key_and_get_through_a_full_router():
