@@ -230,15 +230,15 @@ class RouterApp:
         if isinstance(prep, web.Response):
             return prep
         body, ids, sp = prep.body, prep.ids, prep.sampling_params
-        shape = oa.ResponseShape(chat=chat, model=body.get("model") or self.model)
-        trim = oa.StopTrim(stops=list(sp.get("stop") or []))
         outcome = Outcome()
         stream = self.d.generate(ids, sp, openai_chat.role_extra(prep.chat[0]) if prep.chat else {}, outcome)
+        clock = FirstToken(self.metrics, outcome, t0)
         try:
             if prep.chat is not None:
-                return await self._sglang_chat(request, prep, stream, outcome, FirstToken(self.metrics, outcome, t0))
-            return await self._openai_run(request, body, ids, sp, stream, outcome, FirstToken(self.metrics, outcome, t0),
-                                          shape, trim)
+                return await self._sglang_chat(request, prep, stream, outcome, clock)
+            shape = oa.ResponseShape(chat=chat, model=body.get("model") or self.model)
+            trim = oa.StopTrim(stops=list(sp.get("stop") or []))
+            return await self._openai_run(request, body, ids, sp, stream, outcome, clock, shape, trim)
         finally:  # as in generate
             await stream.aclose()
 

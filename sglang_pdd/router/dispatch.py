@@ -56,9 +56,6 @@ class Attempt:
     idle_extra_s: float = 0.0
 
 
-ROLES = ("prefill", "relay", "main")
-
-
 @dataclass
 class Outcome:
     """What the dispatcher learned about one request (for /metrics, logs and the response)."""

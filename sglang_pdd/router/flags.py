@@ -160,8 +160,8 @@ def build_parser(description: str = "the PDD router") -> argparse.ArgumentParser
     ap.add_argument("--migration-limit", type=int, default=1,
                     help="re-issue a request whose serving role failed mid-stream (unreachable, 5xx, an abort "
                          "the router did not ask for, an idle deadline) this many times, from its prompt plus "
-                         "the tokens already streamed, on a healthy path (0: the client gets the error; with "
-                         "every MD out, a request then cannot fall back to RLD alone)")
+                         "the tokens already streamed, on a healthy path (0: the client gets the error; a request "
+                         "whose MD fails then cannot fall back to RLD alone)")
     ap.add_argument("--health-check-interval-secs", "--health-check-s", dest="health_check_s", type=float,
                     default=2.0, metavar="SECONDS",
                     help="look at each peer out of service this often: once its back-off is over, a one-token "

@@ -63,7 +63,6 @@ async def contents(stream: AsyncIterator[Delta], first: Delta | None, rid: str, 
     ids: list[int] = []
     trim = StopTrim(stops=list(stops))
     last = None
-    started = False
 
     async def deltas():
         if first is not None:
@@ -77,13 +76,12 @@ async def contents(stream: AsyncIterator[Delta], first: Delta | None, rid: str, 
             ids += d.token_ids
             state.tokens = len(ids)
             trim.push(d.text, d.finish_reason)
-            started = True
             last = content(rid, ids, trim.sent, d.finish_reason, n_prompt, outcome,
                            outcome.live_logprobs if logprobs else None)
             if not whole:
                 yield last
     except RequestFailed as e:
-        if whole or not started:
+        if whole or last is None:  # nothing streamed yet: the router answers with the failure's status
             raise
         state.failed = True
         status = HTTPStatus(e.status) if e.status in HTTPStatus._value2member_map_ else HTTPStatus.BAD_GATEWAY

@@ -137,10 +137,7 @@ class Preparer:
     def _sglang_chat(self, body: dict) -> Prepared:
         """A chat request converted by sglang's own OpenAI layer (template, tools, constraints), its
         sampling parameters then checked as any request's."""
-        msgs = body.get("messages")
-        if isinstance(msgs, list):
-            self._check_text("".join(m["content"] for m in msgs if isinstance(m, dict) and isinstance(
-                m.get("content"), str)))
+        self._check_messages(body)
         chat = getattr(self._local, "chat", None)
         if chat is None:
             chat = self._local.chat = self.openai.chat_for_thread()
@@ -153,6 +150,13 @@ class Preparer:
         check_prompt(ids, sp["max_new_tokens"], self.limits)
         return Prepared(body, ids, sp, chat=(adapted, request))
 
+    def _check_messages(self, body: dict) -> None:
+        """The chat messages' text contents, bounded before any template renders them."""
+        msgs = body.get("messages")
+        if isinstance(msgs, list):
+            self._check_text("".join(m["content"] for m in msgs if isinstance(m, dict) and isinstance(
+                m.get("content"), str)))
+
     def _check_text(self, text: str) -> None:
         if self.max_text_chars is not None and len(text) > self.max_text_chars:
             raise BadRequest(f"the prompt ({len(text)} characters) is longer than the model's context length "
@@ -164,10 +168,7 @@ class Preparer:
 
     def _openai_prompt(self, body: dict, chat: bool) -> list[int]:
         if chat:
-            msgs = body.get("messages")
-            if isinstance(msgs, list):
-                self._check_text("".join(m.get("content") or "" if isinstance(m, dict) and isinstance(
-                    m.get("content"), str) else "" for m in msgs))
+            self._check_messages(body)
         elif isinstance(body.get("prompt"), str):
             self._check_text(body["prompt"])
         try:

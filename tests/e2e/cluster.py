@@ -73,6 +73,18 @@ def idle_rows(url: str) -> float:
     return wait_for_metric(url, "sglang_pdd_req_rows", "total")
 
 
+def wait_until(check, what: str, timeout_s: float = 60.0, every_s: float = 0.5):
+    """`check()`'s first truthy value, polled every `every_s`; an AssertionError naming `what` past `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not reached within {timeout_s:g}s")
+        time.sleep(every_s)
+
+
 def wait_for_metric(url: str, name: str, state: str, timeout_s: float = 30.0) -> float:
     import time
 

@@ -5,7 +5,6 @@ before their KV landed leave MD's handoff tables, request rows and KV pool at th
 import json
 import random
 import socket
-import time
 
 import pytest
 
@@ -14,7 +13,7 @@ from sglang_pdd.lab.testing.pdd_client import signer_from_env
 from sglang_pdd.lab.testing.client import greedy_body, greedy_ids, pd_generate
 from sglang_pdd.lab.testing.servers import http_json
 
-from .cluster import by_state, idle_rows, start_pd
+from .cluster import by_state, idle_rows, start_pd, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -63,17 +62,6 @@ def open_stream(url: str, body: dict) -> socket.socket:
     s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
               b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
     return s
-
-
-def wait_until(check, what: str, timeout_s: float = 60.0):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not reached within {timeout_s:g}s")
-        time.sleep(0.5)
 
 
 N_DISCONNECTS = 50  # the probe: 50 clients gone before their KV lands

@@ -27,6 +27,8 @@ from sglang_pdd.lab.testing.servers import http_json
 from sglang_pdd.policy.pipeline import NO_MAIN
 from sglang_pdd.protocol.reply import ReplyMeta
 
+from .cluster import wait_until
+
 pytestmark = pytest.mark.e2e
 
 PROMPT, SHORT, LONG = 300, 48, 400  # tokens: prompts, new requests' outputs, the stream cut mid-way
@@ -98,16 +100,6 @@ def _ready(dep) -> dict:
     return dep.call("router", http_json, dep.servers["router"].url + "/ready", None, 5.0)[1]
 
 
-def _wait(pred, what: str, timeout_s: float = 120.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.25)
-    raise AssertionError(f"never saw {what}")
-
-
 def test_the_router_stays_ready_and_serves_through_a_wan_cut(dep, prompts):
     a = dep.tb.ns("A")
     url = dep.servers["router"].url
@@ -138,8 +130,8 @@ def test_the_router_stays_ready_and_serves_through_a_wan_cut(dep, prompts):
             with ThreadPoolExecutor(2) as pool:
                 first = list(pool.map(lambda ids: _generate(dep, ids, SHORT), fresh[:2]))
             stream.join(TIMEOUTS.request)
-            ready = _wait(lambda: (lambda r: r if r.get("out", {}).get("main") else None)(_ready(dep)),
-                          "MD out of service at the router")
+            ready = wait_until(lambda: (lambda r: r if r.get("out", {}).get("main") else None)(_ready(dep)),
+                               "MD out of service at the router", 120.0, every_s=0.25)
             assert ready["status"] == "ready" and ready["pipelines"] == ["P->RLD"], ready
             alone = _generate(dep, fresh[2], SHORT)  # every MD out: P->RLD at once
             assert inject.wan_cut(dep.tb)
@@ -147,7 +139,8 @@ def test_the_router_stays_ready_and_serves_through_a_wan_cut(dep, prompts):
             inject.heal_wan(dep.tb)
         t_heal = time.monotonic()
         # the health checker's probe generate takes MD back
-        _wait(lambda: dep.call("router", http_json, url + "/health", None, 5.0)[0] == 200, "MD back in service")
+        wait_until(lambda: dep.call("router", http_json, url + "/health", None, 5.0)[0] == 200, "MD back in service",
+                   120.0, every_s=0.25)
         after = _generate(dep, fresh[3], SHORT)
     assert not stream.is_alive()
 
