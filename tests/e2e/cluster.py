@@ -211,13 +211,13 @@ def abort_while_held(pdd, body: dict) -> dict:
     return out
 
 
-def decode_roles_idle(pdd, timeout_s: float = 60.0) -> list:
-    """[(url, pool, rows, held)] of each decode role not back to idle within the timeout (empty: all
-    idle): every KV slot free or only cached, no row taken, nothing held."""
+def decode_roles_idle(pdd, timeout_s: float = 60.0, roles: tuple = ("relay", "main")) -> list:
+    """[(url, pool, rows, held)] of each decode role (of `roles`) not back to idle within the timeout
+    (empty: all idle): every KV slot free or only cached, no row taken, nothing held."""
     from sglang_pdd.lab.testing.pdd_client import held_on_main
 
     busy = []
-    for url in (pdd.relay.url, pdd.main.url):
+    for url in (getattr(pdd, role).url for role in roles):
         deadline = time.monotonic() + timeout_s
         while True:
             pool, rows = by_state(url, "sglang_pdd_kv_pool_tokens"), by_state(url, "sglang_pdd_req_rows")

@@ -9,15 +9,20 @@ page-by-page Mooncake transfer; the router's answers equal a single MLA server's
 * P->MD direct;
 * MD's decode radix cache on latent pages: a second turn sends MD only what it misses;
 * negative control: MD discarding the eager tokens' latent rows (`drop_eager_kv`) diverges;
-* the decode roles' pools and rows are idle afterwards.
+* the decode roles' pools and rows are idle afterwards;
+* migration: RLD SIGKILLed before the handoff, the router's request goes on P->MD (MD held the latent
+  KV of the fan-out) and ends with a single server's tokens; MD is idle after.
 
 RLD and MD run sglang's non-overlap loop, as the reference does. MLA servers are slow on CPU: short prompts
 and outputs."""
 
+import os
+import signal
+
 import pytest
 
 from sglang_pdd.lab.testing import identity
-from sglang_pdd.lab.testing.client import greedy_body, stream_generate
+from sglang_pdd.lab.testing.client import greedy_body, sse_chunks, stream_generate
 from sglang_pdd.lab.testing.launch_args import PddRouterConfig
 from sglang_pdd.lab.testing.pdd_client import relayed_generate
 from sglang_pdd.lab.testing.servers import http_json
@@ -140,3 +145,23 @@ def test_negative_control_md_without_the_eager_latent_rows_diverges(mla, mla_pro
 
 def test_the_decode_roles_are_idle_afterwards(mla):
     assert decode_roles_idle(mla["pdd"]) == []
+
+
+def test_last_rld_killed_before_the_handoff_migrates_to_md_token_identically(mla, mla_prompts):
+    """Last in the module (it kills RLD): no handoff (RLD's `relay_min_eager` out of reach), SIGKILL on
+    RLD once 8 tokens are out; the stream goes on P->MD without a gap in its tokens, and equals the
+    single server's. Without the router's migration this request fails (tests/e2e/test_md_pool.py)."""
+    pdd, ids, n = mla["pdd"], mla_prompts.ids(260, seed=347), 48
+    want = identity.reference(mla["reference"].url, ids, n)
+    pdd.set_knobs("relay", relay_min_eager=10 ** 6)
+    seen, last = [], None
+    for chunk in sse_chunks(mla["relay"].url, greedy_body(ids, n)):
+        assert "error" not in chunk, chunk
+        assert chunk["output_ids"][:len(seen)] == seen, "the client's stream went back"
+        seen, last = chunk["output_ids"], chunk
+        if len(seen) >= 8 and pdd.relay.proc.poll() is None:
+            os.killpg(pdd.relay.proc.pid, signal.SIGKILL)
+    meta = ReplyMeta.of(last["meta_info"])
+    assert meta.migrations == 1 and meta.handoff_tokens is None and meta.migration_pipelines == ["P->MD"], meta
+    identity.check(want, seen, "migrated after RLD's SIGKILL (MLA)")
+    assert decode_roles_idle(pdd, roles=("main",)) == []

@@ -29,6 +29,8 @@ from sglang_pdd.lab.bench.repeats import markdown as repeats_md
 from sglang_pdd.lab.bench.report import repeat_aggregate, text_table, write_reports
 from sglang_pdd.lab.bench.runner import run_bench
 from sglang_pdd.lab.bench.systems import parse_systems, system_names
+from sglang_pdd.lab.testing import tiny_mla
+from sglang_pdd.lab.testing.tiny_model import TinyModelSpec
 from sglang_pdd.lab.testbed.netns import netns_supported
 from sglang_pdd.lab.workload.trace import write_jsonl
 
@@ -62,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--omp-wait-policy", default="passive", choices=("passive", "active", "default"),
                     help="OMP_WAIT_POLICY of every server of every system (passive: OpenMP workers sleep at "
                     "their barriers instead of spinning; default: leave it unset)")
+    ap.add_argument("--model-arch", default="llama", choices=("llama", "mla"),
+                    help="the tiny test model every system serves: llama (MHA, 16 KiB KV per token) or mla "
+                         "(DeepSeek-V3 architecture, one latent per layer; served with sglang's intel_amx "
+                         "attention backend on CPU)")
     workload_args.add_arguments(ap)
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--no-progress", action="store_true")
@@ -84,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--baseline {baseline} is not among --systems")
     server_flags = ("--pdd-idle-wait-ms", f"{args.idle_wait_ms:g}", "--pdd-transfer-poll-ms",
                     f"{args.transfer_poll_ms:g}")
+    if args.model_arch == "mla":  # sglang's CPU MLA path: its attention backend, and our torch ops under it
+        server_flags += ("--attention-backend", tiny_mla.ATTENTION_BACKEND)
     if args.export_trace:
         reqs = preset.requests()
         write_jsonl(reqs, args.export_trace)
@@ -104,11 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     os.environ[thread_names.ENV] = "1"  # servers (and this process's client threads) name their threads
     if args.omp_wait_policy != "default":  # inherited by every server of every system
         os.environ["OMP_WAIT_POLICY"] = args.omp_wait_policy.upper()
+    if args.model_arch == "mla":
+        os.environ.update(tiny_mla.SERVER_ENV)  # inherited by every server of every system
     thread_names.install()
     run = run_bench(systems, preset, out, args.artifacts, args.prefix, show_progress=not args.no_progress,
                     repeats=args.repeat, baseline=baseline, server_flags=server_flags, placement=args.placement,
                     threads={"prefill": args.prefill_threads, "decode": args.decode_threads},
-                    omp_wait=args.omp_wait_policy)
+                    omp_wait=args.omp_wait_policy, model_spec=TinyModelSpec(arch=args.model_arch))
     paths = write_reports(run, out)
     if not args.no_plots:
         paths.update(write_plots(run, out))

@@ -26,6 +26,7 @@ from sglang_pdd.lab.testing.tiny_model import TinyModelSpec, build_cached
 from sglang_pdd.lab.workload.generator import measured
 from sglang_pdd.lab.workload.request import WorkloadRequest
 from sglang_pdd.lab.workload.trace import write_jsonl
+from sglang_pdd.router import kv_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -152,11 +153,13 @@ def run_system(name: str, tb, model_dir: str, reqs: list[WorkloadRequest], prese
 def run_bench(systems: list[str], preset: Preset, out_dir: str, artifacts: str, prefix: str,
               show_progress: bool = True, repeats: int = 1, baseline: str | None = None,
               server_flags: tuple[str, ...] = (), placement: str = "shared",
-              threads: dict | None = None, omp_wait: str = "default") -> BenchRun:
+              threads: dict | None = None, omp_wait: str = "default",
+              model_spec: TinyModelSpec = TinyModelSpec()) -> BenchRun:
     t0 = time.monotonic()
     os.makedirs(out_dir, exist_ok=True)
-    model_dir = build_cached(os.path.join(artifacts, "models"), TinyModelSpec())
+    model_dir = build_cached(os.path.join(artifacts, "models"), model_spec)
     info = model_info(model_dir)
+    info["kv_bytes_per_token"] = kv_bytes.from_config(model_dir)  # as the router reads it (MLA: latent + rope)
     vocab = int(info["vocab_size"])
     if vocab < preset.workload.vocab_size:
         raise ValueError(f"workload vocabulary {preset.workload.vocab_size} exceeds the model's {vocab}")
@@ -174,7 +177,7 @@ def run_bench(systems: list[str], preset: Preset, out_dir: str, artifacts: str, 
         for r in range(repeats):  # interleaved: every system once per repeat
             for name in systems:
                 runs.append(run_system(name, tb, model_dir, reqs, preset, preset.workload.vocab_size,
-                                       os.path.join(out_dir, "logs"), show_progress, info.get("kv_bytes_per_token"),
+                                       os.path.join(out_dir, "logs"), show_progress, info["kv_bytes_per_token"],
                                        r, repeats, server_flags, cpus, threads))
     return BenchRun(preset, trace_path, model_dir, info, runs, time.monotonic() - t0, tb_info, repeats,
                     baseline, tuple(server_flags), place.describe(placement, threads=threads,

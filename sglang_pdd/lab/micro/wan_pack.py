@@ -17,7 +17,10 @@ Each is timed around `batch_transfer_sync_write`, after a warm-up write that ope
 Rate = payload bytes / time; "of link" = rate / the configured link rate. Pack (on A) and unpack (a
 local scatter into a second pool) are timed separately on the CPU path (torch), since on a GPU they are
 device copies. The geometry defaults to the tiny test model (4 layers, 8 KV heads, head dim 64, fp32:
-16 KiB per token, so 4K tokens are 64 MiB).
+16 KiB per token, so 4K tokens are 64 MiB). `--arch mla` sends an MLA pool's KV instead: one latent
+buffer per layer, rows of `--kv-lora-rank` + `--head-dim` (the rope key) values, no K/V split, as
+sglang's `MLATokenToKVPool` holds it (e.g. DeepSeek-V3: `--arch mla --layers 61 --kv-lora-rank 512
+--head-dim 64 --dtype bfloat16`, 70 KB per token).
 """
 
 from __future__ import annotations
@@ -51,11 +54,26 @@ class Geometry:
     dtype: str
     tokens: int
     page_size: int
+    kv_lora_rank: int = 0  # > 0: an MLA pool (one latent buffer per layer)
+
+    @property
+    def buffers_per_layer(self) -> int:
+        return 1 if self.kv_lora_rank else 2
+
+    @property
+    def row(self) -> tuple[int, int]:
+        """(heads, values per head) of one token's row in one buffer."""
+        return (1, self.kv_lora_rank + self.head_dim) if self.kv_lora_rank else (self.kv_heads, self.head_dim)
 
     @property
     def page_bytes(self) -> int:
         item = torch.empty((), dtype=DTYPES[self.dtype]).element_size()
-        return self.page_size * self.kv_heads * self.head_dim * item
+        heads, dim = self.row
+        return self.page_size * heads * dim * item
+
+    @property
+    def buffers(self) -> int:
+        return self.buffers_per_layer * self.layers
 
     @property
     def pages(self) -> int:
@@ -71,10 +89,10 @@ class Geometry:
 
 
 def run_target(host: str, geo: Geometry) -> None:
-    """MD's side: a pool (2 x layers buffers) and a staging buffer, registered; then wait for "quit"."""
+    """MD's side: a pool (its buffers) and a staging buffer, registered; then wait for "quit"."""
     engine = tcp_engine(host)
-    pool = torch.zeros(2 * geo.layers * geo.buffer_bytes(), dtype=torch.uint8)
-    staging = torch.zeros(2 * geo.layers * geo.pages * geo.page_bytes + 4096, dtype=torch.uint8)
+    pool = torch.zeros(geo.buffers * geo.buffer_bytes(), dtype=torch.uint8)
+    staging = torch.zeros(geo.buffers * geo.pages * geo.page_bytes + 4096, dtype=torch.uint8)
     register(engine, pool)
     register(engine, staging)
     print(json.dumps({"session": f"{host}:{engine.get_rpc_port()}", "pool": pool.data_ptr(),
@@ -98,15 +116,15 @@ def run_initiator(host: str, peer: dict[str, Any], geo: Geometry, chunks: int, s
     gen = torch.Generator().manual_seed(seed)
     dtype = DTYPES[geo.dtype]
     slots_per_buf = geo.pool_pages * geo.page_size
-    backing = torch.randn((2 * geo.layers, slots_per_buf, geo.kv_heads, geo.head_dim), generator=gen).to(dtype)
+    backing = torch.randn((geo.buffers, slots_per_buf, *geo.row), generator=gen).to(dtype)
     bufs = list(backing.unbind(0))
-    k_bufs, v_bufs = bufs[: geo.layers], bufs[geo.layers :]
+    k_bufs, v_bufs = bufs[: geo.layers], bufs[geo.layers :]  # MLA: the latent buffers, no V
     src_pages = torch.randperm(geo.pool_pages, generator=gen)[: geo.pages]
     dst_pages = torch.randperm(geo.pool_pages, generator=gen)[: geo.pages]
     slots = (src_pages[:, None] * geo.page_size + torch.arange(geo.page_size)[None, :]).reshape(-1)[: geo.tokens]
 
     engine = tcp_engine(host)
-    staging = torch.zeros(2 * geo.layers * geo.pages * geo.page_bytes + 4096, dtype=torch.uint8)
+    staging = torch.zeros(geo.buffers * geo.pages * geo.page_bytes + 4096, dtype=torch.uint8)
     register(engine, backing)
     register(engine, staging)
     session = peer["session"]
@@ -116,7 +134,7 @@ def run_initiator(host: str, peer: dict[str, Any], geo: Geometry, chunks: int, s
     # paged: every (buffer, page) is its own slice, source and destination pages both scattered
     buf_bytes = geo.buffer_bytes()
     srcs, dsts, lens = [], [], []
-    for b in range(2 * geo.layers):
+    for b in range(geo.buffers):
         src_base = backing[b].data_ptr()
         dst_base = peer["pool"] + b * buf_bytes
         for sp, dp in zip(src_pages.tolist(), dst_pages.tolist()):
@@ -139,7 +157,7 @@ def run_initiator(host: str, peer: dict[str, Any], geo: Geometry, chunks: int, s
         seconds = _timed_write(engine, session, [staging.data_ptr() + o for o in offs],
                                [peer["staging"] + o for o in offs], [min(step, nbytes - o) for o in offs])
         dst_k = [torch.zeros_like(k_bufs[0]) for _ in range(geo.layers)]
-        dst_v = [torch.zeros_like(v_bufs[0]) for _ in range(geo.layers)]
+        dst_v = [torch.zeros_like(v) for v in v_bufs]
         dst_slots = (dst_pages[:, None] * geo.page_size + torch.arange(geo.page_size)[None, :]).reshape(-1)
         t0 = time.perf_counter()
         unpack_kv(packed, dst_k, dst_v, dst_slots[: geo.tokens], fp8=fp8)
@@ -150,14 +168,15 @@ def run_initiator(host: str, peer: dict[str, Any], geo: Geometry, chunks: int, s
 
 
 def _geometry(args: argparse.Namespace) -> Geometry:
-    return Geometry(args.layers, args.kv_heads, args.head_dim, args.dtype, args.tokens, args.page_size)
+    return Geometry(args.layers, args.kv_heads, args.head_dim, args.dtype, args.tokens, args.page_size,
+                    args.kv_lora_rank if args.arch == "mla" else 0)
 
 
 def _role_argv(args: argparse.Namespace, role: str, extra: list[str]) -> list[str]:
     return [sys.executable, "-m", "sglang_pdd.lab.micro.wan_pack", "--role", role,
             "--layers", str(args.layers), "--kv-heads", str(args.kv_heads), "--head-dim", str(args.head_dim),
             "--dtype", args.dtype, "--tokens", str(args.tokens), "--page-size", str(args.page_size),
-            "--chunks", str(args.chunks), *extra]
+            "--chunks", str(args.chunks), "--arch", args.arch, "--kv-lora-rank", str(args.kv_lora_rank), *extra]
 
 
 def orchestrate(args: argparse.Namespace) -> int:
@@ -191,7 +210,9 @@ def orchestrate(args: argparse.Namespace) -> int:
                 target.communicate("quit\n", timeout=10)
     link_rate = args.rate_mbit * 1e6 / 8
     geo = _geometry(args)
-    print(f"{geo.tokens} tokens x {geo.layers} layers x {geo.kv_heads} KV heads x {geo.head_dim} ({geo.dtype}), "
+    shape = (f"1 latent of {geo.kv_lora_rank} + {geo.head_dim} rope (MLA)" if geo.kv_lora_rank
+             else f"{geo.kv_heads} KV heads x {geo.head_dim}")
+    print(f"{geo.tokens} tokens x {geo.layers} layers x {shape} ({geo.dtype}), "
           f"page {geo.page_size}; link {args.rate_mbit:g} Mbit/s, {args.delay_ms:g} ms one way; "
           f"wire bytes A->B {after['A->B'] - before['A->B']}")
     print(f"{'mode':<12} {'MB':>8} {'slices':>7} {'seconds':>8} {'Mbit/s':>8} {'of link':>8} "
@@ -215,6 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--dtype", choices=list(DTYPES), default="float32")
+    ap.add_argument("--arch", choices=["mha", "mla"], default="mha",
+                    help="mha: K and V buffers per layer (--kv-heads x --head-dim); mla: one latent buffer per "
+                         "layer, rows of --kv-lora-rank + --head-dim (the rope key)")
+    ap.add_argument("--kv-lora-rank", type=int, default=512, help="--arch mla: the latent width")
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--chunks", type=int, default=1, help="slices the packed buffer is sent as")
     ap.add_argument("--rate-mbit", type=float, default=100.0)

@@ -13,7 +13,9 @@ from typing import Optional, Sequence
 from sglang_pdd.lab.sim.bathtub import bathtub_report, run_bathtub
 from sglang_pdd.lab.sim.calibration import calibrate_cli
 from sglang_pdd.lab.sim.export import paper_json
+from sglang_pdd.lab.sim.kv_format import DEFAULT_MODELS, kv_format_report, run_kv_format, setting_for
 from sglang_pdd.lab.sim.metrics import Sla
+from sglang_pdd.lab.sim.model import MODELS
 from sglang_pdd.lab.sim.never_lose_run import never_lose_report, run_never_lose
 from sglang_pdd.lab.sim.oscillation import oscillation_report, run_oscillation
 from sglang_pdd.lab.sim.paper import PaperSetting, run_paper
@@ -29,7 +31,7 @@ from sglang_pdd.lab.workload.trace import write_jsonl
 
 logger = logging.getLogger(__name__)
 
-SCENARIOS = ("paper", "bathtub", "oscillation", "wan-sweep", "relay-variants", "trace", "never-lose")
+SCENARIOS = ("paper", "bathtub", "oscillation", "wan-sweep", "relay-variants", "trace", "never-lose", "kv-format")
 
 
 def _setting(args: argparse.Namespace) -> PaperSetting:
@@ -39,7 +41,8 @@ def _setting(args: argparse.Namespace) -> PaperSetting:
     wl = replace(s.workload, duration_s=args.window) if args.window else s.workload
     if args.seed is not None:
         wl = replace(wl, seed=args.seed)
-    return replace(s, wan=wan, sla=sla, workload=wl)
+    s = replace(s, wan=wan, sla=sla, workload=wl)
+    return setting_for(s, MODELS[args.model]) if args.model != s.model.name else s
 
 
 def _mooncake_options(ap: argparse.ArgumentParser, args: argparse.Namespace) -> MooncakeOptions:
@@ -54,7 +57,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--scenario", choices=SCENARIOS, default="paper")
     ap.add_argument("--sizing", action="store_true",
                     help="search the cheapest PDD chip mix meeting the SLA at --load")
-    ap.add_argument("--load", type=float, default=None, help="offered req/s for --sizing")
+    ap.add_argument("--load", type=float, default=None,
+                    help="offered req/s for --sizing; --scenario kv-format: the probe load (default 4)")
     ap.add_argument("--calibrate", metavar="REPORT.json",
                     help="compare a measured testbed report with the simulator (see docs/sim.md)")
     ap.add_argument("--trace", metavar="TRACE.jsonl",
@@ -71,13 +75,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--wan-regimes", action="store_true",
                     help="--scenario trace: run on the four WAN regimes of relay-variants "
                          "(default: the one line of --wan-gbps)")
-    ap.add_argument("--seeds", default="0,1,2",
-                    help="--scenario never-lose: comma-separated seeds (workload and line jitter "
-                         "on the paper workload; line jitter on a --trace) (default: %(default)s)")
+    ap.add_argument("--seeds", default=None,
+                    help="--scenario never-lose and kv-format: comma-separated seeds (workload and line "
+                         "jitter on the paper workload; line jitter on a --trace) (default: 0,1,2 for "
+                         "never-lose, 0 for kv-format)")
     ap.add_argument("--export-trace", metavar="TRACE.jsonl",
                     help="write the paper-scale workload (at --load req/s) as a JSONL trace and exit")
     ap.add_argument("--plots", metavar="DIR", help="write PNG plots (needs matplotlib)")
     ap.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    ap.add_argument("--model", choices=sorted(MODELS), default=PaperSetting().model.name,
+                    help="the served model (sim/model.py; default %(default)s); a model larger than the "
+                         "paper's runs on wider instances (16 x A for deepseek-v3)")
+    ap.add_argument("--models", default=",".join(DEFAULT_MODELS),
+                    help="--scenario kv-format: the models compared (default: %(default)s)")
     ap.add_argument("--wan-gbps", type=float, default=None)
     ap.add_argument("--ttft-sla", type=float, default=None)
     ap.add_argument("--tpot-sla", type=float, default=None)
@@ -97,15 +107,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         write_jsonl(reqs, args.export_trace)
         print(f"wrote {len(reqs)} requests to {args.export_trace}")
         return 0
+    try:
+        seeds = [int(x) for x in (args.seeds or ("0" if args.scenario == "kv-format" else "0,1,2")).split(",")]
+    except ValueError:
+        ap.error(f"--seeds: comma-separated integers, got {args.seeds!r}")
     if args.scenario == "never-lose":
-        try:
-            seeds = [int(x) for x in args.seeds.split(",")]
-        except ValueError:
-            ap.error(f"--seeds: comma-separated integers, got {args.seeds!r}")
         tr = load_trace(args.trace, _mooncake_options(ap, args)) if args.trace else None
         load = "the trace's own rate" if tr else "16 req/s"
         print((tr.description + "\n") if tr else "", end="")
         print(never_lose_report(run_never_lose(s, seeds, tr), load))
+    elif args.scenario == "kv-format":
+        names = args.models.split(",")
+        if unknown := [n for n in names if n not in MODELS]:
+            ap.error(f"--models: unknown {unknown}; known: {sorted(MODELS)}")
+        tr = load_trace(args.trace, _mooncake_options(ap, args)) if args.trace else None
+        load = args.load or 4.0
+        print(kv_format_report(run_kv_format(s, names, seeds, tr, probe_rate=load),
+                               "the trace's own rate" if tr else f"{load:g} req/s"))
     elif args.scenario == "trace":
         if not args.trace:
             ap.error("--scenario trace needs --trace TRACE.jsonl")

@@ -44,9 +44,10 @@ def _cell(g, at_load) -> Cell:
 
 
 def run_never_lose(s: PaperSetting, seeds: Sequence[int], tr: Optional[LoadedTrace] = None,
-                   regimes: Sequence[Regime] = REGIMES, probe_rate: float = 16.0
+                   regimes: Sequence[Regime] = REGIMES, probe_rate: float = 16.0, lo: Optional[float] = None
                    ) -> dict[tuple[str, int, str], Cell]:
-    """{(regime, seed, system): Cell} on the paper workload, or on `tr` when given."""
+    """{(regime, seed, system): Cell} on the paper workload, or on `tr` when given; the goodput search
+    starts at `lo` req/s (default: half the probe rate)."""
     out = {}
     for rg in regimes:
         for seed in seeds:
@@ -54,7 +55,7 @@ def run_never_lose(s: PaperSetting, seeds: Sequence[int], tr: Optional[LoadedTra
                          workload=replace(s.workload, seed=seed))
             for spec in compared_specs(st):
                 if tr is None:
-                    g = max_goodput(spec, st.model, st.workload, st.sla, lo=probe_rate / 2,
+                    g = max_goodput(spec, st.model, st.workload, st.sla, lo=lo or probe_rate / 2,
                                     iters=st.goodput_iters, eff=st.eff)
                     at = run_workload(spec, st.model, replace(st.workload, request_rate=probe_rate),
                                       st.sla, eff=st.eff)

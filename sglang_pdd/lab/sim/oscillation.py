@@ -33,8 +33,8 @@ class Series:
 
 
 def _variants(s: PaperSetting) -> list:
-    p = PoolSpec(CHIP_A, s.pdd_p_instances)
-    md = PoolSpec(CHIP_B, s.pdd_md_instances)
+    p = PoolSpec(CHIP_A, s.pdd_p_instances, s.instance_chips)
+    md = PoolSpec(CHIP_B, s.pdd_md_instances, s.instance_chips)
     rld = PoolSpec(CHIP_A, 1, chips_per_instance=s.pdd_rld_chips)
     ratchet = RoutingSpec(allow_relay_only=True, relay_only_below_hit=0.9)
     guard = replace(ratchet, relay_only_max_rld_usage=0.8)

@@ -41,6 +41,7 @@ class PaperSetting:
     pdd_p_instances: int = 4  # x 8 A
     pdd_rld_chips: int = 8  # one RLD instance of A
     pdd_md_instances: int = 4  # x 8 B
+    instance_chips: int = 8  # chips per P, D and MD instance (a DeepSeek-V3-class model needs 16 of A)
     goodput_iters: int = 3
     tight_wan_gbps: float = 25.0  # section D: a congested line, the regime of the published tails
     tight_load: float = 16.0
@@ -56,12 +57,14 @@ def assumptions(s: PaperSetting) -> list[str]:
         f"chip A: {a.peak_tflops:.0f} TFLOP/s, {a.mem_gb:.0f} GB, {a.mem_bw_tbps} TB/s, price {a.price_per_hour}/h; "
         f"chip B: {b.peak_tflops:.0f} TFLOP/s, {b.mem_gb:.0f} GB, {b.mem_bw_tbps} TB/s, price {b.price_per_hour}/h (+{(b.price_per_hour / a.price_per_hour - 1) * 100:.0f} %)",
         f"roofline: MFU {s.eff.mfu} (ramping with tokens/step, half at {s.eff.mfu_half_tokens}), MBU {s.eff.mbu}, "
-        f"{s.eff.step_overhead_s * 1e3:.0f} ms/step overhead, {s.eff.mem_usable:.0%} of HBM usable; 8-chip instances",
+        f"{s.eff.step_overhead_s * 1e3:.0f} ms/step overhead, {s.eff.mem_usable:.0%} of HBM usable; "
+        f"{s.instance_chips}-chip instances",
         f"prefill: chunk {ref.chunk_size} tokens, tail chunks run alone; P's own prefix cache always hits the workload's prefix",
         f"decode batch capped at the largest batch whose step meets 0.8 x TPOT SLA at the mean context, and by KV memory: "
         f"{_batches(s)}",
-        f"deployments: baseline {s.baseline_chips} x A in 8-chip instances, P/D split with the best attainment at the "
-        f"probe load; PDD = {s.pdd_p_instances} x 8 A (P) + {s.pdd_rld_chips} A (RLD) + {s.pdd_md_instances} x 8 B (MD); "
+        f"deployments: baseline {s.baseline_chips} x A in {s.instance_chips}-chip instances, P/D split with the best "
+        f"attainment at the probe load; PDD = {s.pdd_p_instances} x {s.instance_chips} A (P) + {s.pdd_rld_chips} A "
+        f"(RLD) + {s.pdd_md_instances} x {s.instance_chips} B (MD); "
         f"cross-DC PD = the same without RLD",
         f"workload: {w.input_len.lo // 1000}-{w.input_len.hi // 1000}K input (sessions grow, then compact), "
         f"{w.output_len.lo}-{w.output_len.hi} output, {w.odd_fraction:.1%} odd (output {w.odd_output_len.lo}-{w.odd_output_len.hi}), "
@@ -86,10 +89,11 @@ def _batches(s: PaperSetting) -> str:
     ctx = int(w.input_len.mean + w.output_len.mean / 2)
     out = []
     for chip in (CHIP_A, CHIP_B):
-        cost = CostModel(s.model, InstanceSpec(chip, 8, s.eff))
-        b = decode_max_batch(cost, PoolSpec(chip, 1), ctx, s.sla.tpot_s * 0.8)
-        out.append(f"8 x {chip.name} holds {b} requests of {ctx // 1000}K "
-                   f"({b / (cost.decode_step_s(b, b * ctx) * 8):.0f} tok/s/chip)")
+        n = s.instance_chips
+        cost = CostModel(s.model, InstanceSpec(chip, n, s.eff))
+        b = decode_max_batch(cost, PoolSpec(chip, 1, n), ctx, s.sla.tpot_s * 0.8)
+        out.append(f"{n} x {chip.name} holds {b} requests of {ctx // 1000}K "
+                   f"({b / (cost.decode_step_s(b, b * ctx) * n):.0f} tok/s/chip)")
     return "; ".join(out)
 
 
@@ -102,13 +106,13 @@ class PaperRow:
 
 
 def baseline_spec(s: PaperSetting, p_instances: int) -> SystemSpec:
-    n = s.baseline_chips // 8
-    return make_system("same-dc-pd", PoolSpec(CHIP_A, p_instances), PoolSpec(CHIP_A, n - p_instances))
+    n, c = s.baseline_chips // s.instance_chips, s.instance_chips
+    return make_system("same-dc-pd", PoolSpec(CHIP_A, p_instances, c), PoolSpec(CHIP_A, n - p_instances, c))
 
 
 def pdd_specs(s: PaperSetting) -> list[SystemSpec]:
-    p = PoolSpec(CHIP_A, s.pdd_p_instances)
-    md = PoolSpec(CHIP_B, s.pdd_md_instances)
+    p = PoolSpec(CHIP_A, s.pdd_p_instances, s.instance_chips)
+    md = PoolSpec(CHIP_B, s.pdd_md_instances, s.instance_chips)
     rld = PoolSpec(CHIP_A, 1, chips_per_instance=s.pdd_rld_chips)
     return [make_system("xdc-pd-naive", p, md, wan=s.wan),
             make_system("xdc-pd-drc", p, md, wan=s.wan),
@@ -118,7 +122,7 @@ def pdd_specs(s: PaperSetting) -> list[SystemSpec]:
 
 def best_baseline_split(s: PaperSetting, probe_rate: float) -> SystemSpec:
     """The P/D split of the 88 x A baseline with the best SLA attainment at `probe_rate`."""
-    n = s.baseline_chips // 8
+    n = s.baseline_chips // s.instance_chips
     best, best_att = None, -1.0
     for p in range(max(1, n // 4), min(n - 1, n // 2 + 1) + 1):
         spec = baseline_spec(s, p)
