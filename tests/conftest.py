@@ -127,6 +127,35 @@ def reference_server(private_netns, tiny_model, log_dir):
         ss.stop()
 
 
+@pytest.fixture(scope="session")
+def mla_model(artifacts_dir, tiny_model) -> str:  # tiny_model: skips where sglang is not installed
+    """The MLA test model's directory (DeepSeek-V3 architecture, `TinyModelSpec(arch="mla")`)."""
+    from sglang_pdd.lab.testing.tiny_model import TinyModelSpec, build_cached
+
+    return build_cached(os.path.join(artifacts_dir, "models"), TinyModelSpec(arch="mla"))
+
+
+@pytest.fixture(scope="session")
+def mla_prompts(mla_model):
+    from sglang_pdd.lab.testing.prompts import PromptMaker
+
+    return PromptMaker(mla_model)
+
+
+@pytest.fixture(scope="session")
+def mla_reference(private_netns, mla_model, log_dir):
+    """A single MLA sglang server (sglang's CPU MLA path, the roles' seeded sampler), shared by the MLA
+    modules: the reference for token identity, and test_mla_model's server against transformers."""
+    from tests.e2e.mla_cluster import start_reference
+    from sglang_pdd.lab.testing.servers import ServerGroup
+
+    ss = ServerGroup(log_dir)
+    try:
+        yield start_reference(ss, mla_model, 32009).wait_ready()
+    finally:
+        ss.stop()
+
+
 @pytest.fixture(scope="module")
 def server_group(private_netns, log_dir):
     """Servers of one test module, stopped when the module is done (keeps memory use bounded)."""

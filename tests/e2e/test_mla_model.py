@@ -4,33 +4,20 @@ are the compat stand-in's torch versions (sglang_pdd.lab.compat.amx_attention); 
 sglang's own (`MLATokenToKVPool`). No PDD role here: test_mla_pdd.py and test_mla_packed_wan.py run the
 PDD roles on it."""
 
-import os
-
 import pytest
 
 from sglang_pdd.lab.testing import tiny_mla
 from sglang_pdd.lab.testing.client import greedy_ids
-from sglang_pdd.lab.testing.launch_args import ServerConfig
-from sglang_pdd.lab.testing.servers import free_port
-from sglang_pdd.lab.testing.tiny_model import TinyModelSpec, build_cached
 
 pytestmark = pytest.mark.e2e
 
 NEW_TOKENS = 64
-CHUNK = 256  # a longer prompt's later chunks attend over a cached prefix: sglang's absorbed MLA path
 
 
 @pytest.fixture(scope="module")
-def mla_model(artifacts_dir, tiny_model) -> str:  # tiny_model: skips where sglang is not installed
-    return build_cached(os.path.join(artifacts_dir, "models"), TinyModelSpec(arch="mla"))
-
-
-@pytest.fixture(scope="module")
-def mla_server(server_group, mla_model):
-    s = server_group.start("mla", ServerConfig(
-        model=mla_model, port=free_port(), nccl_port=free_port(), chunked_prefill_size=CHUNK,
-        extra=["--attention-backend", tiny_mla.ATTENTION_BACKEND], env=dict(tiny_mla.SERVER_ENV)))
-    return s.wait_ready()
+def mla_server(mla_reference):
+    """The session's single MLA server (chunked prefill of 256; its seeded sampler leaves greedy alone)."""
+    return mla_reference
 
 
 def hf_greedy(model_dir: str, prompts: list[list[int]], n: int) -> list[list[int]]:

@@ -13,7 +13,6 @@ from sglang_pdd.lab.testing.client import greedy_body, pd_generate
 from sglang_pdd.lab.testing.pdd_client import relayed_generate
 
 from . import mla_cluster
-from .mla_cluster import mla_model, mla_prompts  # noqa: F401 (fixtures)
 from .cluster import decode_roles_idle, metric
 
 pytestmark = pytest.mark.e2e
@@ -26,14 +25,13 @@ RELAYED_NEW = 64
 
 
 @pytest.fixture(scope="module")
-def cluster(server_group, mla_model):
-    reference = mla_cluster.start_reference(server_group, mla_model, BASE + 9)
+def cluster(server_group, mla_model, mla_reference):
     flags = ("--pdd-packed-wan", "plain")
     pdd = mla_cluster.start_mla_pdd(server_group, mla_model, base_port=BASE, bootstrap_port=8986,
                                     token_port=TOKEN_PORT, handoff_timeout=30, page_size=PAGE,
                                     prefill_extra=flags, main_extra=flags)
     pdd.set_knobs("relay", relay_min_eager=4)
-    pdd.reference = reference.wait_ready()
+    pdd.reference = mla_reference
     return pdd
 
 

@@ -29,7 +29,6 @@ from sglang_pdd.lab.testing.servers import http_json
 from sglang_pdd.protocol.reply import ReplyMeta
 
 from . import mla_cluster
-from .mla_cluster import mla_model, mla_prompts  # noqa: F401 (fixtures)
 from .cluster import decode_roles_idle, kv_bytes_per_token, metric
 from .router_checks import EAGER, assert_one_handoff, check_generate, handoffs_on_main, main_leg_bytes
 
@@ -44,12 +43,10 @@ SEEDED = {"temperature": 0.8, "top_p": 0.9, "sampling_seed": 4321}
 
 
 @pytest.fixture(scope="module")
-def mla(server_group, mla_model):
-    reference = mla_cluster.start_reference(server_group, mla_model, BASE + 9)
+def mla(server_group, mla_model, mla_reference):
     pdd = mla_cluster.start_mla_pdd(server_group, mla_model, base_port=BASE, bootstrap_port=8987,
                                     token_port=TOKEN_PORT, handoff_timeout=30, page_size=PAGE, prefill_chunk=CHUNK)
     pdd.set_knobs("relay", relay_min_eager=EAGER)
-    reference.wait_ready()
 
     def router(name, port, pipeline):
         return server_group.start(name, PddRouterConfig(
@@ -60,7 +57,7 @@ def mla(server_group, mla_model):
                                                                                    "direct")}
     for r in routers.values():
         r.wait_ready()
-    return {**routers, "main": pdd.main, "prefill": pdd.prefill, "pdd": pdd, "reference": reference}
+    return {**routers, "main": pdd.main, "prefill": pdd.prefill, "pdd": pdd, "reference": mla_reference}
 
 
 @pytest.mark.parametrize("pipeline", ["relay", "direct"])

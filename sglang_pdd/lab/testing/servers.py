@@ -134,18 +134,19 @@ class ServerProcess:
 
     def stop(self, grace_s: float = 15.0) -> None:
         """SIGTERM the server's process group, SIGKILL whatever is left after `grace_s`."""
-        if self.proc is None:
-            return
-        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-            if not self.group_pids():
-                break
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                break
-            deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline and self.group_pids():
-                time.sleep(0.2)
+        stop_all([self], grace_s)
+
+    def _signal(self, sig: int) -> bool:
+        """`sig` to the process group; False when nothing of it is left."""
+        if self.proc is None or not self.group_pids():
+            return False
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def _reap(self) -> None:
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -153,6 +154,22 @@ class ServerProcess:
         left = self.group_pids()
         if left:
             logger.error("%s: processes survived SIGKILL: %s", self.name, left)
+
+
+def stop_all(servers: list[ServerProcess], grace_s: float = 15.0) -> None:
+    """SIGTERM every server's process group at once, wait until all are gone (SIGKILL what is left after
+    `grace_s`): a group of servers shuts down in the time of its slowest, not in the sum."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        live = [s for s in servers if s._signal(sig)]
+        deadline = time.monotonic() + wait_s
+        while live and time.monotonic() < deadline:
+            time.sleep(0.2)
+            live = [s for s in live if s.group_pids()]
+        if not live:
+            break
+    for s in servers:
+        if s.proc is not None:
+            s._reap()
 
 
 class ServerGroup:
@@ -168,8 +185,7 @@ class ServerGroup:
         return s
 
     def stop(self) -> None:
-        for s in reversed(self.servers):
-            s.stop()
+        stop_all(list(reversed(self.servers)))
         self.servers.clear()
 
     def __enter__(self) -> "ServerGroup":

@@ -3,6 +3,7 @@
 import os
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -48,3 +49,24 @@ def test_a_server_that_dies_while_starting_raises_with_its_log(tmp_path):
         s = group.start("broken", Script("import sys; print('bad flag --x'); sys.exit(3)", free_port()))
         with pytest.raises(ServerStartError, match=r"exited \(3\)[\s\S]*bad flag --x"):
             s.wait_ready(timeout_s=30)
+
+
+STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(600)"
+
+
+def test_a_group_stops_together_and_kills_what_ignores_sigterm(tmp_path):
+    """The group is signalled at once (one grace period for all, not one each): a server that ignores
+    SIGTERM is SIGKILLed after the grace, the well-behaved ones are gone, a dead one is skipped."""
+    from sglang_pdd.lab.testing.servers import stop_all
+
+    group = ServerGroup(str(tmp_path))
+    web = group.start("web", Script(HTTP_SERVER, free_port())).wait_ready(timeout_s=30)
+    stubborn = group.start("stubborn", Script(STUBBORN, free_port()))
+    dead = group.start("dead", Script("pass", free_port()))
+    dead.proc.wait(timeout=30)
+    while "up" not in stubborn.log_text():
+        assert stubborn.alive()
+        time.sleep(0.05)
+    stop_all(group.servers, grace_s=0.5)
+    assert web.group_pids() == [] and stubborn.group_pids() == [] and dead.group_pids() == []
+    assert stubborn.proc.returncode == -9 and web.proc.returncode != -9
