@@ -257,3 +257,33 @@ def junk_at(port: int, *, frames: int, size: int, parts: int):
     finally:
         peer.close(0)
         ctx.term()
+
+
+def relayed_at(pdd, body: dict, k: int, *, main_first: bool = True, **kw):
+    """One request P -> RLD -> MD with RLD's `relay_min_eager` knob at `k` (`relayed_generate`'s options in
+    `kw`; `main_first`: MD's legs first, so RLD answers at exactly k); asserts a handoff at k or later."""
+    from sglang_pdd.lab.testing.pdd_client import relayed_generate
+
+    with pdd.knobs("relay", relay_min_eager=k):
+        r = relayed_generate(pdd.roles, body, main_first=main_first, **kw)
+    assert r.handed_over and r.k >= k, r.relay["meta_info"]
+    return r
+
+
+def assert_handoff_identical(want, r, what: str) -> None:
+    """RLD's eager tokens a prefix of the reference's, and MD's whole output equal to it."""
+    from sglang_pdd.lab.testing import identity
+
+    identity.check(want, r.relay["output_ids"], f"{what}: RLD's eager tokens (k={r.k})", prefix=True)
+    identity.check(want, r.main["output_ids"], f"{what}: MD after the handoff at k={r.k}")
+
+
+def assert_tp(pdd, tp: int = 2) -> None:
+    """Every role runs at TP `tp`, and on RLD and MD rank 1 runs the follower (decode.rank_sync)."""
+    from sglang_pdd.lab.testing.servers import http_json
+
+    for s in (pdd.prefill, pdd.relay, pdd.main):
+        info = http_json(s.url + "/get_server_info")[1]
+        assert info["tp_size"] == tp, info.get("tp_size")
+    for s, role in ((pdd.relay, "relay"), (pdd.main, "main")):
+        assert f"sglang-pdd {role}: TP rank 1 replays rank 0's decisions" in s.log_text(), role
