@@ -44,6 +44,7 @@ class BathtubPoint:
     p_rps: float  # per prefill instance
     d_rps: float  # per decode instance
     rps: dict[str, float] = field(default_factory=dict)
+    wan_bound: dict[str, bool] = field(default_factory=dict)  # per cross-DC system: the line is its smallest capacity
     bcr: dict[str, float] = field(default_factory=dict)
     revenue_bcr: dict[str, float] = field(default_factory=dict)
     p_rps_batched_tail: float = 0.0
@@ -107,6 +108,7 @@ def run_bathtub(s: PaperSetting = PaperSetting(), hits: Optional[np.ndarray] = N
             if sp.wan is not None:
                 missed = max(length * (1 - h), 1) * s.model.kv_bytes_per_token
                 caps.append(sp.wan.bytes_per_s / missed)
+                pt.wan_bound[sp.name] = caps[-1] <= min(caps[:-1])
             rps = min(caps)
             pt.rps[sp.name] = rps
             pt.bcr[sp.name] = rps / sp.price_per_hour

@@ -20,7 +20,7 @@ import numpy as np
 from sglang_pdd.lab.sim.bathtub import BathtubPoint, run_bathtub
 from sglang_pdd.lab.sim.hardware import CHIP_A
 from sglang_pdd.lab.sim.model import MODELS, ModelSpec
-from sglang_pdd.lab.sim.never_lose_run import SYSTEMS, Cell, run_never_lose
+from sglang_pdd.lab.sim.never_lose_run import CELL_HEAD, SYSTEMS, Cell, cell_row, run_never_lose
 from sglang_pdd.lab.sim.paper import PaperSetting
 from sglang_pdd.lab.sim.relay_regimes import REGIMES, Regime
 from sglang_pdd.lab.sim.report import table
@@ -55,13 +55,9 @@ class ModelResult:
     runs: dict[tuple[str, int, str], Cell]
 
 
-def wan_wall(s: PaperSetting, points: Sequence[BathtubPoint]) -> Optional[float]:
+def wan_wall(points: Sequence[BathtubPoint]) -> Optional[float]:
     """The lowest hit from which on cross-DC PD's capacity is P's or MD's, not the line's."""
-    for pt in points:
-        wan_cap = s.wan.bytes_per_s / (max(LENGTH * (1 - pt.hit), 1) * s.model.kv_bytes_per_token)
-        if wan_cap > pt.rps["xdc-pd-drc"] * (1 + 1e-6):  # the line is not the smallest capacity
-            return pt.hit
-    return None
+    return next((pt.hit for pt in points if not pt.wan_bound["xdc-pd-drc"]), None)
 
 
 def run_kv_format(s: PaperSetting, names: Sequence[str] = DEFAULT_MODELS, seeds: Sequence[int] = (0,),
@@ -76,19 +72,20 @@ def run_kv_format(s: PaperSetting, names: Sequence[str] = DEFAULT_MODELS, seeds:
         st = setting_for(s, MODELS[name])
         points = run_bathtub(st, hits=hits, length=LENGTH, out=OUT)
         runs = run_never_lose(st, seeds, tr, regimes, probe_rate, lo=probe_rate / 4)
-        out[name] = ModelResult(st, points, wan_wall(st, points), runs)
+        out[name] = ModelResult(st, points, wan_wall(points), runs)
     return out
 
 
 def kv_format_report(res: dict[str, ModelResult], load: str) -> str:
     lines = ["KV format: the same model with an MHA-family (GQA-8) pool and with MLA (docs/sim.md §10)"]
-    head = ["model", "KV/token", "64K prompt KV", "cold 64K on 40G", "instances", "xdc-pd-drc WAN-bound below"]
+    gbps = next(iter(res.values())).setting.wan.bandwidth_gbps
+    head = ["model", "KV/token", "64K prompt KV", f"cold 64K on {gbps:g}G", "instances", "xdc-pd-drc WAN-bound below"]
     rows = []
     for name, r in res.items():
         m, st = r.setting.model, r.setting
         kv64 = LENGTH * m.kv_bytes_per_token
         rows.append([name, f"{m.kv_bytes_per_token / 1e3:.0f} KB", f"{kv64 / 2**30:.2f} GiB",
-                     f"{kv64 * 8 / 40e9:.2f} s", f"{st.instance_chips} chips",
+                     f"{kv64 * 8 / (gbps * 1e9):.2f} s", f"{st.instance_chips} chips",
                      f"{r.wall:.2f} hit" if r.wall is not None else "every hit"])
     lines += [table(head, rows), "", "Bathtub (capacity model, 64K in / 1K out): BCR x1e3 per system"]
     names = list(res)
@@ -100,15 +97,8 @@ def kv_format_report(res: dict[str, ModelResult], load: str) -> str:
             continue
         body.append([f"{pt.hit:.2f}"] + [f"{res[n].bathtub[i].bcr[sys] * 1e3:.1f}" for n in names for sys in systems])
     lines += [table(head, body), "", f"Simulated runs: {SYSTEMS[1]} vs {SYSTEMS[0]} (TTFT P99 at {load})"]
-    head = ["model", "regime", "seed", "drc BCR", "PDD BCR", "BCR change", "drc TTFT p99", "PDD TTFT p99", "relayed"]
-    body = []
-    for name, r in res.items():
-        for (rg, sd, sys), a in r.runs.items():
-            if sys != SYSTEMS[0]:
-                continue
-            b = r.runs[(rg, sd, SYSTEMS[1])]
-            d = (b.bcr / a.bcr - 1) * 100 if a.bcr > 0 else float("inf")
-            body.append([name, rg, str(sd), f"{a.bcr:.4f}", f"{b.bcr:.4f}", f"{d:+.1f}%", f"{a.ttft_p99:.2f}",
-                         f"{b.ttft_p99:.2f}", f"{b.relayed:.1%}"])
+    head = ["model", "regime", "seed", *CELL_HEAD]
+    body = [[name, rg, str(sd), *cell_row(a, r.runs[(rg, sd, SYSTEMS[1])])]
+            for name, r in res.items() for (rg, sd, sys), a in r.runs.items() if sys == SYSTEMS[0]]
     lines.append(table(head, body))
     return "\n".join(lines)

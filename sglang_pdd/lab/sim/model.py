@@ -107,7 +107,6 @@ DEEPSEEK_V3 = from_hf_config("deepseek-v3", DEEPSEEK_V3_CONFIG, **_V3_PARAMS)
 # the dense models of this size, e.g. Llama 3.1 405B), so 61 x 2 x 8 x 128 x 2 = 249,856 bytes per
 # token, 3.6x the latent. Weights, FLOPs and experts are DeepSeek-V3's: only the KV format differs.
 V3_SIZE_GQA8 = dataclasses.replace(DEEPSEEK_V3, name="v3-size-gqa8", kv_bytes_per_token=kv_bytes.per_token(
-    {"num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 8, "head_dim": 128,
-     "hidden_size": 7168, "torch_dtype": "bfloat16"}))
+    {k: v for k, v in DEEPSEEK_V3_CONFIG.items() if k != "kv_lora_rank"} | {"num_key_value_heads": 8, "head_dim": 128}))
 
 MODELS = {m.name: m for m in (PAPER_MOE, DENSE_70B, DEEPSEEK_V3, V3_SIZE_GQA8)}

@@ -67,21 +67,32 @@ def run_never_lose(s: PaperSetting, seeds: Sequence[int], tr: Optional[LoadedTra
     return out
 
 
+CELL_HEAD = ("drc BCR", "never-lose BCR", "BCR change", "drc TTFT p99", "never-lose TTFT p99", "relayed")
+
+
+def bcr_change(a: Cell, b: Cell) -> float:
+    """b's BCR against a's, in percent."""
+    return (b.bcr / a.bcr - 1) * 100 if a.bcr > 0 else float("inf")
+
+
+def cell_row(a: Cell, b: Cell) -> list[str]:
+    """The columns of CELL_HEAD: xdc-pd-drc's cell `a` against pdd-never-lose's `b`."""
+    return [f"{a.bcr:.4f}", f"{b.bcr:.4f}", f"{bcr_change(a, b):+.1f}%", f"{a.ttft_p99:.2f}", f"{b.ttft_p99:.2f}",
+            f"{b.relayed:.1%}"]
+
+
 def never_lose_report(cells: dict[tuple[str, int, str], Cell], load: str) -> str:
     regimes = list(dict.fromkeys(k[0] for k in cells))
     seeds = sorted({k[1] for k in cells})
-    head = ["regime", "seed", "drc BCR", "never-lose BCR", "BCR change", "drc TTFT p99",
-            "never-lose TTFT p99", "relayed"]
+    head = ["regime", "seed", *CELL_HEAD]
     body, verdict = [], []
     for rg in regimes:
         deltas, wins = [], True
         for sd in seeds:
             a, b = cells[(rg, sd, SYSTEMS[0])], cells[(rg, sd, SYSTEMS[1])]
-            d = (b.bcr / a.bcr - 1) * 100 if a.bcr > 0 else float("inf")
-            deltas.append(d)
+            deltas.append(bcr_change(a, b))
             wins &= b.bcr >= a.bcr and b.ttft_p99 <= a.ttft_p99
-            body.append([rg, str(sd), f"{a.bcr:.4f}", f"{b.bcr:.4f}", f"{d:+.1f}%",
-                         f"{a.ttft_p99:.2f}", f"{b.ttft_p99:.2f}", f"{b.relayed:.1%}"])
+            body.append([rg, str(sd), *cell_row(a, b)])
         verdict.append(f"  {rg:16s} BCR change {min(deltas):+.1f} .. {max(deltas):+.1f}% over "
                        f"{len(seeds)} seeds; BCR >= and TTFT p99 <= xdc-pd-drc in every seed: "
                        f"{'yes' if wins else 'NO'}")

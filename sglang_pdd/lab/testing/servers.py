@@ -173,7 +173,7 @@ def stop_all(servers: list[ServerProcess], grace_s: float = 15.0) -> None:
 
 
 class ServerGroup:
-    """Servers started together (one test module, the demo, one benchmark system); stopped in reverse order."""
+    """Servers started together (one test module, the demo, one benchmark system); stopped together."""
 
     def __init__(self, log_dir: str):
         self.log_dir = log_dir
@@ -185,7 +185,7 @@ class ServerGroup:
         return s
 
     def stop(self) -> None:
-        stop_all(list(reversed(self.servers)))
+        stop_all(self.servers)
         self.servers.clear()
 
     def __enter__(self) -> "ServerGroup":

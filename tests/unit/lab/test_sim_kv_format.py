@@ -50,7 +50,7 @@ def test_the_wan_wall_moves_left_with_the_smaller_kv():
     walls = {}
     for m in (V3_SIZE_GQA8, DEEPSEEK_V3):
         st = setting_for(s, m)
-        walls[m.name] = wan_wall(st, run_bathtub(st, hits=hits, length=LENGTH, out=OUT))
+        walls[m.name] = wan_wall(run_bathtub(st, hits=hits, length=LENGTH, out=OUT))
     assert walls["v3-size-gqa8"] is None  # the GQA pool's misses cap cross-DC PD at every hit below 1
     assert walls["deepseek-v3"] is not None and walls["deepseek-v3"] < 1.0
 
