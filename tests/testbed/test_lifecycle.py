@@ -187,3 +187,21 @@ def test_netem_backend_is_used_or_refused_clearly(tmp_path):
                 assert 0.9 * 10.0 <= _echo_ok(tb, port) <= 1.5 * 10.0 + 5.0
     finally:
         tb.down()
+
+
+def _connect_from_port(port: int) -> int:
+    """Listen on `port` on loopback, connect to it, return the client's (ephemeral) source port."""
+    with socket.create_server(("127.0.0.1", port)) as srv, socket.create_connection(("127.0.0.1", port)) as c:
+        return c.getsockname()[1]
+
+
+def test_namespaces_draw_ephemeral_ports_above_the_fixed_server_ports(testbed_factory):
+    # CI once lost a server start to EADDRINUSE on its --nccl-port 33201: the Linux default ephemeral
+    # range (32768-60999) covers the fixed ports the tests give servers; every namespace moves it up
+    from sglang_pdd.lab.testbed.netns import EPHEMERAL_PORTS
+
+    tb = testbed_factory(delay_ms=1.0, rate_mbit=None)
+    lo, hi = EPHEMERAL_PORTS
+    for side in ("A", "B"):
+        assert tb.ns(side).ephemeral_ports() == (lo, hi)
+        assert lo <= tb.ns(side).call(_connect_from_port, 33201, timeout=20) <= hi

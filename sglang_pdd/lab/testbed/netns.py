@@ -5,6 +5,11 @@ that tests, the demo or the benchmark start lives inside a namespace made here. 
 `ip netns` style (a bind mount under /run/netns), which lets anyone list the processes inside it
 (`pids()`), so cleanup kills exactly what ran there and nothing else.
 
+Every namespace made here draws its ephemeral (outgoing) ports from `EPHEMERAL_PORTS`, above the fixed
+ports that servers listen on (HTTP, `--nccl-port`, bootstrap, all below 46000). The Linux default
+(32768-60999) overlaps them: a client socket that happens to take 33201 makes a later server's
+`--nccl-port 33201` fail with EADDRINUSE (it did, once, in CI).
+
 Requires root and iproute2. Python 3.11 has no `os.setns`; `enter()` calls libc's setns(2) through
 ctypes. setns changes the namespace of the calling thread only: call it before the process starts
 other threads, then everything it spawns inherits the namespace.
@@ -32,6 +37,7 @@ T = TypeVar("T")
 
 CLONE_NEWNET = 0x40000000
 NETNS_DIR = "/run/netns"
+EPHEMERAL_PORTS = (46000, 60999)
 
 
 class NetnsError(RuntimeError):
@@ -76,7 +82,14 @@ class NetNS:
             self.delete()
         _ip("netns", "add", self.name)
         self.run(["ip", "link", "set", "lo", "up"])
+        lo, hi = EPHEMERAL_PORTS
+        self.run(["sh", "-c", f"echo '{lo} {hi}' > /proc/sys/net/ipv4/ip_local_port_range"])
         return self
+
+    def ephemeral_ports(self) -> tuple[int, int]:
+        """The namespace's range of ephemeral ports (`net.ipv4.ip_local_port_range`)."""
+        lo, hi = self.run(["cat", "/proc/sys/net/ipv4/ip_local_port_range"]).stdout.split()
+        return int(lo), int(hi)
 
     def argv(self, argv: list[str]) -> list[str]:
         """`argv` wrapped to run inside this namespace."""
