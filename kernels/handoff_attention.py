@@ -43,6 +43,8 @@ logger = logging.getLogger(__name__)
 ATTN_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 H200_SM_COUNT = 132
 MAX_GROUP = 128
+MAX_BLOCK_M = 128  # one wgmma M of 64 per warpgroup, two warpgroups (8 warps)
+MAX_GRID_YZ = 65535  # CUDA's limit on the grid's second and third dimensions
 
 
 @dataclass(frozen=True)
@@ -127,7 +129,7 @@ def choose_tiling(group: int, hkv: int, d: int, dv: int, prefix_cpu: Sequence[in
     max_kv = max((p + e for p, e in zip(prefix_cpu, extend_cpu)), default=0)
     block_d, block_dv = max(16, _next_pow2(d)), max(16, _next_pow2(dv))
 
-    block_m = config.block_m or min(64, max(16, _next_pow2(group * max(1, max_ext))))
+    block_m = config.block_m or min(MAX_BLOCK_M, max(16, _next_pow2(group * max(1, max_ext))))
     block_m = max(block_m, _next_pow2(group))
     block_n = config.block_n or (64 if max(block_d, block_dv) <= 128 else 32)
     for name, v in (("block_m", block_m), ("block_n", block_n)):
@@ -250,6 +252,8 @@ def plan_handoff_attention(
     batch = len(extend_cpu)
     max_ext = max(extend_cpu, default=0)
     tiling = choose_tiling(group, hkv, d, dv, prefix_cpu, extend_cpu, _sm_count(q.device), config)
+    require(batch * hkv <= MAX_GRID_YZ and tiling.n_splits <= MAX_GRID_YZ,
+            f"{batch} requests x {hkv} KV heads and {tiling.n_splits} partitions must each be <= {MAX_GRID_YZ}")
     block_m, block_n, block_d, block_dv = tiling.block_m, tiling.block_n, tiling.block_d, tiling.block_dv
     tok_per_tile, n_qtiles, n_splits, split_len = (tiling.tok_per_tile, tiling.n_qtiles, tiling.n_splits,
                                                    tiling.split_len)
@@ -267,7 +271,7 @@ def plan_handoff_attention(
     log2e = 1.4426950408889634
     partial_args = (
         q, k_buffer, v_buffer, out, mid_o, mid_lse, req_to_token, req_pool_indices, prefix_lens, extend_lens,
-        qo_indptr, sm_scale * log2e, split_len, n_qtiles,
+        qo_indptr, sm_scale * log2e, split_len, hkv,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         out.stride(0), out.stride(1), mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         mid_lse.stride(0), mid_lse.stride(1), req_to_token.stride(0),
@@ -287,7 +291,7 @@ def plan_handoff_attention(
     return HandoffPlan(
         group=group, tok_per_tile=tok_per_tile, n_qtiles=n_qtiles, n_splits=n_splits, split_len=split_len,
         block_m=block_m, block_n=block_n, block_d=block_d, block_dv=block_dv, num_warps=num_warps,
-        num_stages=config.num_stages, partial_grid=(n_splits, batch * n_qtiles, hkv),
+        num_stages=config.num_stages, partial_grid=(n_qtiles, n_splits, batch * hkv),
         reduce_grid=(max(1, max_ext), batch, hq), partial_args=partial_args, partial_meta=partial_meta,
         reduce_args=reduce_args, reduce_meta=reduce_meta, layout=_tensor_layout(q, k_buffer, v_buffer, out),
     )
@@ -309,7 +313,7 @@ def run_plan(plan: HandoffPlan) -> None:
     """Launch the kernels of `plan` (partial pass, then the reduction when there are partitions)."""
     from . import handoff_attention_triton as kern
 
-    if plan.partial_grid[1] == 0:
+    if plan.partial_grid[2] == 0:
         return
     kern.handoff_attn_partial_kernel[plan.partial_grid](*plan.partial_args, **plan.partial_meta)
     if plan.reduce_args is not None:

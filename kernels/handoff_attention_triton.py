@@ -4,7 +4,9 @@ The handoff EXTEND on MD runs k new query tokens (1 to a few hundred) per reques
 of thousands of cached tokens. A generic extend kernel gives each program a tile of queries and walks the
 whole prefix, so with small k only a handful of programs exist. Here the KV range of every request is cut
 into partitions of `split_len` positions (flash-decoding style); each program computes a partial softmax of
-one (request, query tile, KV head, partition) and a second kernel merges the partitions.
+one (query tile, partition, request, KV head) and a second kernel merges the partitions. The blocks
+wholly inside the prefix (all but the last one or two of a partition) run without masks, so the
+software pipeliner sees a plain loop of loads and two `tl.dot`s (wgmma on sm_90).
 
 GQA: a program serves all G = Hq / Hkv query heads of one KV head, so every K/V block is read once per KV
 head. Its BLOCK_M rows are (token, head) pairs, token-major: row r holds token t0 + r // G and query head
@@ -26,6 +28,50 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _attend_block(acc, l_i, m_i, q, start, K_Buf, V_Buf, r2t_row, kv_head, kv_end, q_pos, rows, offs_n, offs_d,
+                  offs_dv, d_ok, dv_ok, sm_scale_log2, stride_kbs, stride_kh, stride_vbs, stride_vh,
+                  BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, EVEN_D: tl.constexpr,
+                  MASKED: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """One BLOCK_N step of the online softmax. MASKED: the block may reach past kv_end or past a query's
+    own position (the causal part); unmasked blocks lie wholly in the prefix every query sees."""
+    pos = start + offs_n
+    pos_ok = pos < kv_end
+    # sglang's paged allocator keeps a page's slots consecutive and page aligned
+    # (slot % PAGE_SIZE == position % PAGE_SIZE): one index per page suffices.
+    in_page = pos % PAGE_SIZE
+    if MASKED:
+        slot = tl.load(r2t_row + (pos - in_page), mask=pos_ok, other=0).to(tl.int64) + in_page
+    else:
+        slot = tl.load(r2t_row + (pos - in_page)).to(tl.int64) + in_page
+    k_ptrs = K_Buf + slot[None, :] * stride_kbs + kv_head * stride_kh + offs_d[:, None]
+    v_ptrs = V_Buf + slot[:, None] * stride_vbs + kv_head * stride_vh + offs_dv[None, :]
+    if MASKED:
+        k = tl.load(k_ptrs, mask=pos_ok[None, :] & d_ok[:, None], other=0.0)
+    elif EVEN_D:
+        k = tl.load(k_ptrs)
+    else:
+        k = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
+    qk = tl.dot(q, k, input_precision=INPUT_PRECISION) * sm_scale_log2
+    if MASKED:
+        keep = (pos[None, :] <= q_pos[:, None]) & pos_ok[None, :]
+        qk = tl.where(keep, qk, float("-inf"))
+
+    m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+    alpha = tl.math.exp2(m_i - m_new)
+    p = tl.math.exp2(qk - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+
+    if MASKED:
+        v = tl.load(v_ptrs, mask=pos_ok[:, None] & dv_ok[None, :], other=0.0)
+    elif EVEN_D:
+        v = tl.load(v_ptrs)
+    else:
+        v = tl.load(v_ptrs, mask=dv_ok[None, :], other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
+    return acc, l_i, m_new
+
+
+@triton.jit
 def handoff_attn_partial_kernel(
     Q,
     K_Buf,
@@ -40,7 +86,7 @@ def handoff_attn_partial_kernel(
     Qo_Indptr,
     sm_scale_log2,
     split_len,
-    n_qtiles,
+    n_kv_heads,
     stride_qt,
     stride_qh,
     stride_kbs,
@@ -67,11 +113,13 @@ def handoff_attn_partial_kernel(
     DIRECT_OUT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
-    split = tl.program_id(0)
-    pid_bq = tl.program_id(1)
-    kv_head = tl.program_id(2)
-    b = pid_bq // n_qtiles
-    qt = pid_bq % n_qtiles
+    # Grid (query tile, partition, request x KV head): the query tiles of one partition are neighbours in
+    # launch order, so they run together and all but the first read that partition's K/V from L2.
+    qt = tl.program_id(0)
+    split = tl.program_id(1)
+    pid_bh = tl.program_id(2)
+    b = pid_bh // n_kv_heads
+    kv_head = pid_bh % n_kv_heads
 
     ext_len = tl.load(Extend_Lens + b).to(tl.int32)
     t0 = qt * TOK_PER_TILE
@@ -84,6 +132,8 @@ def handoff_attn_partial_kernel(
     if kv_start >= tile_kv_end:
         return
     kv_end = tl.minimum(kv_start + split_len, tile_kv_end)
+    # Whole blocks below the prefix (every query of the tile sees them) need no mask; the rest do.
+    full_end = kv_start + tl.maximum(tl.minimum(kv_end, prefix) - kv_start, 0) // BLOCK_N * BLOCK_N
 
     q_start = tl.load(Qo_Indptr + b).to(tl.int64)
     req_row = tl.load(Req_Pool_Idx + b).to(tl.int64)
@@ -98,6 +148,7 @@ def handoff_attn_partial_kernel(
     offs_dv = tl.arange(0, BLOCK_DV)
     d_ok = offs_d < D
     dv_ok = offs_dv < DV
+    EVEN_D: tl.constexpr = (BLOCK_D == D) and (BLOCK_DV == DV)
 
     q_ptrs = Q + (q_start + tok)[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
@@ -110,35 +161,14 @@ def handoff_attn_partial_kernel(
 
     r2t_row = Req_To_Token + req_row * stride_r2t
     offs_n = tl.arange(0, BLOCK_N)
-    for start in range(kv_start, kv_end, BLOCK_N):
-        pos = start + offs_n
-        pos_ok = pos < kv_end
-        if PAGE_SIZE == 1:
-            slot = tl.load(r2t_row + pos, mask=pos_ok, other=0).to(tl.int64)
-        else:
-            # sglang's paged allocator keeps a page's slots consecutive and page aligned
-            # (slot % PAGE_SIZE == position % PAGE_SIZE): one index per page suffices.
-            in_page = pos % PAGE_SIZE
-            page_first = tl.load(r2t_row + (pos - in_page), mask=pos_ok, other=0).to(tl.int64)
-            slot = page_first + in_page
-        k_ptrs = K_Buf + slot[None, :] * stride_kbs + kv_head * stride_kh + offs_d[:, None]
-        k = tl.load(k_ptrs, mask=pos_ok[None, :] & d_ok[:, None], other=0.0)
-        qk = tl.dot(q, k, input_precision=INPUT_PRECISION) * sm_scale_log2
-        if start + BLOCK_N > prefix:
-            keep = (pos[None, :] <= q_pos[:, None]) & pos_ok[None, :]
-        else:
-            keep = pos_ok[None, :] & (rows[:, None] >= 0)
-        qk = tl.where(keep, qk, float("-inf"))
-
-        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-        alpha = tl.math.exp2(m_i - m_new)
-        p = tl.math.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-
-        v_ptrs = V_Buf + slot[:, None] * stride_vbs + kv_head * stride_vh + offs_dv[None, :]
-        v = tl.load(v_ptrs, mask=pos_ok[:, None] & dv_ok[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
-        m_i = m_new
+    for start in range(kv_start, full_end, BLOCK_N):
+        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, start, K_Buf, V_Buf, r2t_row, kv_head, kv_end, q_pos, rows,
+                                      offs_n, offs_d, offs_dv, d_ok, dv_ok, sm_scale_log2, stride_kbs, stride_kh,
+                                      stride_vbs, stride_vh, BLOCK_N, PAGE_SIZE, EVEN_D, False, INPUT_PRECISION)
+    for start in range(full_end, kv_end, BLOCK_N):
+        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, start, K_Buf, V_Buf, r2t_row, kv_head, kv_end, q_pos, rows,
+                                      offs_n, offs_d, offs_dv, d_ok, dv_ok, sm_scale_log2, stride_kbs, stride_kh,
+                                      stride_vbs, stride_vh, BLOCK_N, PAGE_SIZE, EVEN_D, True, INPUT_PRECISION)
 
     # Rows with no visible key in this partition (l = 0) are never read back by the reduction.
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)

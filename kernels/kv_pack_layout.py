@@ -17,6 +17,7 @@ scale per (layer, token)), and the V region is empty (`v_heads = v_head_dim = 0`
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Literal
 
 import torch
@@ -68,7 +69,7 @@ class PackLayout:
 
     @property
     def elem_bytes(self) -> int:
-        return 1 if self.fp8 else torch.empty((), dtype=self.dtype).element_size()
+        return 1 if self.fp8 else self.dtype.itemsize
 
     def data_elems(self, kind: Kind) -> int:
         return self.num_layers * self.num_tokens * self.row(kind)
@@ -76,7 +77,9 @@ class PackLayout:
     def scale_elems(self, kind: Kind) -> int:
         return self.num_layers * self.num_tokens * self.heads(kind) if self.fp8 else 0
 
-    def _offsets(self) -> dict[str, int]:
+    @cached_property
+    def offsets(self) -> dict[str, int]:
+        """Byte offset of each region (k_data, v_data, k_scale, v_scale) and the end."""
         k_data = 0
         v_data = _align(k_data + self.data_elems("k") * self.elem_bytes)
         k_scale = _align(v_data + self.data_elems("v") * self.elem_bytes)
@@ -87,11 +90,11 @@ class PackLayout:
     @property
     def nbytes(self) -> int:
         """Size of the staging buffer (what crosses the WAN)."""
-        return self._offsets()["end"]
+        return self.offsets["end"]
 
     def gaps(self) -> list[tuple[int, int]]:
         """Alignment padding between regions as [start, end) byte ranges (packers zero them)."""
-        o = self._offsets()
+        o = self.offsets
         ends = [o["k_data"] + self.data_elems("k") * self.elem_bytes,
                 o["v_data"] + self.data_elems("v") * self.elem_bytes,
                 o["k_scale"] + self.scale_elems("k") * 4]
@@ -101,12 +104,21 @@ class PackLayout:
     @property
     def raw_bytes(self) -> int:
         """Bytes of the same rows unpacked in the pool's dtype (what page-by-page transfer moves)."""
-        size = torch.empty((), dtype=self.dtype).element_size()
+        size = self.dtype.itemsize
         return (self.data_elems("k") + self.data_elems("v")) * size
+
+    @property
+    def kv_adjacent(self) -> bool:
+        """K and V rows have one width and V's regions follow K's without padding, so the packed data
+        (and fp8 scales) read as one [2 x layer][token][row] region: one kernel launch moves both."""
+        o = self.offsets
+        return (not self.latent and self.row("k") == self.row("v") and self.k_heads == self.v_heads
+                and o["v_data"] == self.data_elems("k") * self.elem_bytes
+                and (not self.fp8 or o["v_scale"] == o["k_scale"] + self.scale_elems("k") * 4))
 
     def data_view(self, packed: torch.Tensor, kind: Kind) -> torch.Tensor:
         """The data region of `kind` as a flat tensor (pool dtype, or uint8 holding e4m3 when fp8)."""
-        start = self._offsets()[f"{kind}_data"]
+        start = self.offsets[f"{kind}_data"]
         nbytes = self.data_elems(kind) * self.elem_bytes
         region = packed[start : start + nbytes]
         return region if self.fp8 else region.view(self.dtype)
@@ -115,7 +127,7 @@ class PackLayout:
         """The fp32 scale region of `kind` (fp8 layouts only)."""
         if not self.fp8:
             raise ValueError("scale_view: layout is not fp8")
-        start = self._offsets()[f"{kind}_scale"]
+        start = self.offsets[f"{kind}_scale"]
         return packed[start : start + self.scale_elems(kind) * 4].view(torch.float32)
 
     def to_dict(self) -> dict[str, Any]:

@@ -16,7 +16,10 @@ def quantize_fp8_blocks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., head_dim] -> (e4m3 values, fp32 scale per block), the kernel's arithmetic in fp32."""
     xf = x.float()
     amax = xf.abs().amax(dim=-1)
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    # A tensor divisor, not the Python float: on CUDA, torch divides by a scalar as a multiplication by
+    # its reciprocal (1 ulp off a correctly rounded division for some amax), and every e4m3 code of the
+    # block follows the scale; the kernels' div_rn and torch's tensor division both round correctly.
+    scale = torch.where(amax > 0, amax / torch.full_like(amax, FP8_MAX), torch.ones_like(amax))
     return (xf / scale[..., None]).to(torch.float8_e4m3fn), scale
 
 

@@ -105,24 +105,24 @@ def unpack_fp8_kernel(
     Ptrs,
     Slots,
     n_tokens,
+    row,
     heads,
     slot_stride,
     HEAD_DIM: tl.constexpr,
     DST_DTYPE: tl.constexpr,
     BLOCK_T: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    BLOCK_W: tl.constexpr,
 ):
+    """Rows of all heads per program (as the plain kernel), each element times its head's scale."""
     layer = tl.program_id(0)
     offs_t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
-    head = tl.program_id(2)
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_w = tl.program_id(2) * BLOCK_W + tl.arange(0, BLOCK_W)
     t_ok = offs_t < n_tokens
-    mask = t_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
+    mask = t_ok[:, None] & (offs_w < row)[None, :]
     src_row = layer.to(tl.int64) * n_tokens + offs_t
-    row = heads * HEAD_DIM
-    q = tl.load(PackedQ + src_row[:, None] * row + head * HEAD_DIM + offs_d[None, :], mask=mask, other=0.0)
-    scale = tl.load(Scales + src_row * heads + head, mask=t_ok, other=1.0)
-    x = q.to(tl.float32) * scale[:, None]
+    q = tl.load(PackedQ + src_row[:, None] * row + offs_w[None, :], mask=mask, other=0.0)
+    scale = tl.load(Scales + src_row[:, None] * heads + (offs_w // HEAD_DIM)[None, :], mask=mask, other=1.0)
+    x = q.to(tl.float32) * scale
     base = tl.load(Ptrs + layer).to(tl.pointer_type(DST_DTYPE))
     slots = tl.load(Slots + offs_t, mask=t_ok, other=0).to(tl.int64)
-    tl.store(base + slots[:, None] * slot_stride + head * HEAD_DIM + offs_d[None, :], x.to(DST_DTYPE), mask=mask)
+    tl.store(base + slots[:, None] * slot_stride + offs_w[None, :], x.to(DST_DTYPE), mask=mask)

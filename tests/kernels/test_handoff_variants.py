@@ -62,11 +62,11 @@ def variant_ks(prefix: int, hq: int, hkv: int, head_dim: int = BENCH_HEAD_DIM) -
 
 def test_the_k64_point_of_the_benchmark_has_the_tiles_of_k32() -> None:
     """Issue 37: at prefix 4096 the benchmark stalled at k = 64 after k = 32 ran. Both launch the same
-    kernel (BLOCK_M 64, BLOCK_N 64, 8 warps, 17 partitions of 256); k = 64 has 4 query tiles, not 2."""
+    kernel (BLOCK_M 128, BLOCK_N 64, 8 warps, 17 partitions of 256); k = 64 has 2 query tiles, not 1."""
     t32, t64 = tiling_for(32, 4096, *BENCH_HEADS), tiling_for(64, 4096, *BENCH_HEADS)
-    assert (t64.block_m, t64.block_n, t64.num_warps, t64.n_splits, t64.split_len) == (64, 64, 8, 17, 256)
-    assert (t32.block_m, t32.block_n, t32.num_warps, t32.n_splits, t32.split_len) == (64, 64, 8, 17, 256)
-    assert (t32.n_qtiles, t64.n_qtiles) == (2, 4)
+    assert (t64.block_m, t64.block_n, t64.num_warps, t64.n_splits, t64.split_len) == (128, 64, 8, 17, 256)
+    assert (t32.block_m, t32.block_n, t32.num_warps, t32.n_splits, t32.split_len) == (128, 64, 8, 17, 256)
+    assert (t32.n_qtiles, t64.n_qtiles) == (1, 2)
     # one KV head and head dim 64 (the interpreter's geometry) pick the very same tiles for that point
     assert variant(tiling_for(64, 4096, 4, 1, head_dim=64)) == variant(t64)
 
@@ -100,7 +100,7 @@ def test_a_prepared_plan_has_the_chosen_tiling_and_grids() -> None:
         t = tiling_for(k, prefix, hq, hkv, head_dim=HEAD_DIM)
         assert (plan.block_m, plan.block_n, plan.n_qtiles, plan.n_splits, plan.split_len, plan.num_warps) == (
             t.block_m, t.block_n, t.n_qtiles, t.n_splits, t.split_len, t.num_warps)
-        assert plan.partial_grid == (t.n_splits, t.n_qtiles, hkv)
+        assert plan.partial_grid == (t.n_qtiles, t.n_splits, hkv)
         assert plan.reduce_grid == (k, 1, hq) and (plan.reduce_args is None) == t.direct
 
 
@@ -114,7 +114,7 @@ def test_the_variant_set_is_what_the_launcher_picks() -> None:
         assert {variant(tiling_for(k, prefix, *HEADS, head_dim=HEAD_DIM)) for k in ks} == every
         assert {1, 64, MAX_K} <= set(ks)
         tiles = {tiling_for(k, prefix, *HEADS, head_dim=HEAD_DIM) for k in ks}
-        assert {t.block_m for t in tiles} == {16, 32, 64}
+        assert {t.block_m for t in tiles} == {16, 32, 64, 128}
         assert {t.direct for t in tiles} == ({False} if HAS_CUDA else {True, False})
 
 

@@ -169,6 +169,8 @@ def test_rows(what: str, dry_run: bool, out: Path, timeout_s: float) -> list[Row
             f"--junitxml={xml}", target]
     if dry_run:
         argv += ["-k", DRY_RUN_TESTS]
+    elif what != "hook":  # the compile-only check is CI's (a CPU box); here the kernels compile for real
+        argv += ["--deselect", "tests/kernels/test_compile_sm90.py"]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # tests/kernels/conftest decides
     log = out / "kernels.log"
     rc, seconds = run_logged(argv, timeout_s, log, env)
@@ -210,10 +212,35 @@ def _junit_rows(xml: Path) -> list[Row]:
 # -- kernel and pack figures ------------------------------------------------------------------------------
 
 
-def kernel_rows(dry_run: bool, out: Path, timeout_s: float, deadline: float) -> list[Row]:
+def kernel_grids(dry_run: bool, timeout_s: float) -> list[Any]:
+    """Issue 37's points: batch 8 (page 16) at prefixes of 16K and 64K for k from 1 to 256, each with its
+    tile sweep; and batch 1 (page 1) at 4K, the first H200 table's row. Dry run: the smoke grid, swept."""
     from sglang_pdd.lab.micro import handoff_kernel as hk
 
-    grid = hk.Grid.smoke_grid(timeout_s=timeout_s) if dry_run else hk.Grid(timeout_s=timeout_s)
+    if dry_run:
+        return [hk.Grid.smoke_grid(timeout_s=timeout_s, tune=True, tune_budget_s=10.0)]
+    return [hk.Grid(batch=8, page_size=16, prefixes=[16384, 65536], ks=[1, 8, 32, 64, 128, 256], tune=True,
+                    tune_budget_s=30.0, timeout_s=timeout_s),
+            hk.Grid(batch=1, page_size=1, prefixes=[4096], ks=[1, 8, 32, 64], timeout_s=timeout_s)]
+
+
+def peak_rows(dry_run: bool, out: Path, timeout_s: float) -> tuple[list[Row], Any]:
+    """The peak the ratios are taken against: measured on a CUDA device (copy, bf16 matmul), nominal on CPU."""
+    from sglang_pdd.lab.micro import bounded, roofline
+
+    if dry_run:
+        return [Row("roofline", "peak", "cpu", "ok", notes=roofline.CPU_NOMINAL.label())], roofline.CPU_NOMINAL
+    outcome = bounded.run_child([sys.executable, "-m", "sglang_pdd.lab.micro.roofline", "--measure"], timeout_s)
+    if outcome.status != "ok":
+        return [Row("roofline", "peak", "measured", outcome.status, notes=outcome.why() + "; vendor peaks used")], None
+    (out / "peak.json").write_text(json.dumps(outcome.result))
+    peak = roofline.measured(outcome.result)
+    return [Row("roofline", "peak", "measured", "ok", notes=peak.label())], peak
+
+
+def kernel_rows(dry_run: bool, out: Path, timeout_s: float, deadline: float, peak: Any = None) -> list[Row]:
+    from sglang_pdd.lab.micro import handoff_kernel as hk
+
     rows: list[Row] = []
     absent: dict[str, str] = {}
 
@@ -223,34 +250,49 @@ def kernel_rows(dry_run: bool, out: Path, timeout_s: float, deadline: float) -> 
             return
         if r["impl"] == "pdd" and r["status"] == "ok":
             notes = f"call {r['us_call']:.1f} us, err {r['err']:.1e}, {r['plan']}"
+            if "us_best" in r:
+                notes += f"; sweep best {r['best']}: {r['us_best']:.1f} us ({r['roofline_best'] or 0:.3f})"
         elif r["status"] == "ok":
             notes = f"err {r['err']:.1e}"
         else:
             notes = r.get("why", "")
         if r["impl"] != "pdd" and r["status"] in ("STALL", "ERROR", "n/a", "not run"):
             notes += " (comparator: not counted)"
-        row = Row("kernel", f"k={r['k']} prefix={r['prefix']}", r["impl"], r["status"], r.get("us"), r.get("GB/s"),
-                  r.get("roofline"), notes, failure=hk.is_failure(r))
+        row = Row("kernel", f"b{r['batch']} k={r['k']} prefix={r['prefix']}", r["impl"], r["status"], r.get("us"),
+                  r.get("GB/s"), r.get("roofline"), notes, failure=hk.is_failure(r))
         rows.append(row)
         _show(row)
 
-    results = hk.run_grid(grid, on_result, deadline)
+    results = []
+    for grid in kernel_grids(dry_run, timeout_s):
+        results += hk.run_grid(grid, on_result, deadline, peak)
     (out / "handoff.json").write_text(json.dumps(results, indent=1))
     for impl, why in absent.items():
         rows.append(Row("kernel", "every point", impl, why.split(":")[0], notes=why.split(": ", 1)[-1]))
     return rows
 
 
-def pack_rows(dry_run: bool, out: Path, timeout_s: float, deadline: float) -> list[Row]:
+def pack_rows(dry_run: bool, out: Path, timeout_s: float, deadline: float, peak: Any = None) -> list[Row]:
+    """pack_kernel's points for a Llama-3-8B request of 1K and 16K tokens (dry run: the smoke pool)."""
     from sglang_pdd.lab.micro import pack_kernel as pk
 
-    geo = pk.PoolGeometry.smoke_geometry(timeout_s=timeout_s) if dry_run else pk.PoolGeometry(timeout_s=timeout_s)
+    geos = ([pk.PoolGeometry.smoke_geometry(timeout_s=timeout_s)] if dry_run else
+            [pk.PoolGeometry(tokens=n, timeout_s=timeout_s) for n in (1024, 16384)])
     rows: list[Row] = []
+    every: list[dict[str, Any]] = []
+    for geo in geos:
+        every.append({"geometry": asdict(geo), "results": _pack_points(pk, geo, rows, deadline, peak)})
+    (out / "pack.json").write_text(json.dumps(every, indent=1))
+    return rows
 
+
+def _pack_points(pk: Any, geo: Any, rows: list[Row], deadline: float, peak: Any) -> list[dict[str, Any]]:
     def on_result(r: dict[str, Any]) -> None:
         notes = r.get("why", "")
         if r["status"] == "ok":
             notes = f"{r['bytes'] / 1e6:.1f} MB moved" + (f", call {r['us_call']:.1f} us" if "us_call" in r else "")
+            if "us_host" in r:
+                notes += f", host {r['us_host']:.1f} us/launch"
             if "err" in r:
                 notes += f", round trip err {r['err']:.2g}"
         row = Row("pack", f"{geo.tokens} tok", r["impl"], r["status"], r.get("us"), r.get("GB/s"), r.get("roofline"),
@@ -258,16 +300,14 @@ def pack_rows(dry_run: bool, out: Path, timeout_s: float, deadline: float) -> li
         rows.append(row)
         _show(row)
 
-    results = pk.run_points(geo, on_result, deadline)
-    (out / "pack.json").write_text(json.dumps({"geometry": asdict(geo), "results": results}, indent=1))
-    return rows
+    return pk.run_points(geo, on_result, deadline, peak)
 
 
-def roofline_rows(device: str, kernel: list[Row], pack: list[Row]) -> list[Row]:
+def roofline_rows(device: str, kernel: list[Row], pack: list[Row], measured: Any = None) -> list[Row]:
     from sglang_pdd.lab.micro import roofline
 
-    peak = roofline.peak_for(device)
-    rows = [Row("roofline", "peak", device[:11], "ok" if peak else "n/a",
+    peak = measured or roofline.peak_for(device)
+    rows = [Row("roofline", "ratios of", device[:11], "ok" if peak else "n/a",
                 notes=peak.label() if peak else "no peak figures for this device: ratios left out")]
     for name, section, impls in (("handoff kernel", kernel, ("pdd",)), ("pack kernels", pack,
                                                                          ("pack", "unpack", "pack fp8", "unpack fp8")),
@@ -289,13 +329,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("what", nargs="?", default="all", choices=["all", "hook", "tests", "kernel", "pack"])
     ap.add_argument("--dry-run", action="store_true", help="CPU, Triton's interpreter, smoke shapes")
     ap.add_argument("--out", default="runs/device", help="logs, JSON and the table")
-    ap.add_argument("--budget-s", type=float, help="the whole run (default 570; dry run 240)")
-    ap.add_argument("--tests-timeout-s", type=float, help="the pytest step (default 300; dry run 150)")
+    ap.add_argument("--budget-s", type=float, help="the whole run (default 440; dry run 240)")
+    ap.add_argument("--tests-timeout-s", type=float, help="the pytest step (default 200; dry run 150)")
     ap.add_argument("--point-timeout-s", type=float, help="each benchmark point (default 90; dry run 60)")
     args = ap.parse_args(argv)
     dry = args.dry_run
-    budget = args.budget_s or (240.0 if dry else 570.0)
-    tests_timeout = args.tests_timeout_s or (150.0 if dry else 300.0)
+    budget = args.budget_s or (240.0 if dry else 440.0)
+    tests_timeout = args.tests_timeout_s or (150.0 if dry else 200.0)
     point_timeout = args.point_timeout_s or (60.0 if dry else 90.0)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -317,16 +357,22 @@ def main(argv: list[str] | None = None) -> int:
             _show(r)
     kernel: list[Row] = []
     pack: list[Row] = []
-    if args.what in ("all", "kernel"):
-        print("kernel ...", flush=True)
-        kernel = kernel_rows(dry, out, point_timeout, deadline)
-        rows += kernel
+    peak = None
+    if args.what in ("all", "kernel", "pack"):
+        print("peak ...", flush=True)
+        peak_row, peak = peak_rows(dry, out, point_timeout)
+        rows += peak_row
+        _show(peak_row[0])
     if args.what in ("all", "pack"):
         print("pack ...", flush=True)
-        pack = pack_rows(dry, out, point_timeout, deadline)
+        pack = pack_rows(dry, out, point_timeout, deadline, peak)
         rows += pack
+    if args.what in ("all", "kernel"):
+        print("kernel ...", flush=True)
+        kernel = kernel_rows(dry, out, point_timeout, deadline, peak)
+        rows += kernel
     if kernel or pack:
-        rows += roofline_rows(device, kernel, pack)
+        rows += roofline_rows(device, kernel, pack, peak)
     return _finish(rows, out, t0)
 
 

@@ -44,7 +44,7 @@ import torch
 
 from sglang_pdd.kernels.handoff_attention import handoff_attention, prepare_handoff_attention, rebind_plan, run_plan
 from sglang_pdd.kernels.handoff_attention_ref import handoff_attention_ref
-from sglang_pdd.lab.micro import bounded, roofline
+from sglang_pdd.lab.micro import bounded, handoff_tune, roofline
 from sglang_pdd.lab.micro.handoff_comparators import COMPARATORS, PACKAGE
 
 logger = logging.getLogger(__name__)
@@ -139,6 +139,8 @@ class Grid:
     smoke: bool = False  # CPU, Triton's interpreter, fp32
     timeout_s: float = 90.0  # per (point, implementation), start-up and compile included
     skip: tuple[str, ...] = ()
+    tune: bool = False  # the pdd point also sweeps other tilings (handoff_tune.py)
+    tune_budget_s: float = 45.0
 
     @classmethod
     def smoke_grid(cls, **overrides: Any) -> Grid:
@@ -152,6 +154,8 @@ class Grid:
                 "--impl", impl.replace(" ", "-"), "--batch", str(self.batch), "--q-heads", str(self.q_heads),
                 "--kv-heads", str(self.kv_heads), "--head-dim", str(self.head_dim),
                 "--page-size", str(self.page_size)]
+        if self.tune:
+            argv += ["--tune", "--tune-budget-s", str(self.tune_budget_s)]
         return argv + (["--smoke"] if self.smoke else [])
 
     def child_env(self) -> dict[str, str]:
@@ -186,8 +190,16 @@ def measure_point(grid: Grid, k: int, prefix: int, impl: str) -> dict[str, Any]:
         bounded.stage("timing")
         result["us_call"] = timer(call) * 1e3
         result["us"] = timer(kern) * 1e3
-        result["plan"] = f"BLOCK {plan.block_m}x{plan.block_n}, {plan.n_splits} splits of {plan.split_len}"
+        result["plan"] = (f"BLOCK {plan.block_m}x{plan.block_n} w{plan.num_warps} s{plan.num_stages}, "
+                          f"{plan.n_qtiles} q tiles, {plan.n_splits} splits of {plan.split_len}")
         result["tolerance"] = TOLERANCE[dtype]
+        if grid.tune:
+            bounded.stage("tile sweep")
+            chosen = handoff_tune.Candidate(plan.block_m, plan.block_n, plan.num_warps, plan.num_stages)
+            result["tune"] = handoff_tune.sweep(p, want, timer, chosen, TOLERANCE[dtype], grid.tune_budget_s)
+            top = handoff_tune.best(result["tune"])
+            if top is not None:
+                result["best"], result["us_best"] = top["label"], top["us"]
         return result
     try:
         bounded.stage("first call (compile)")
@@ -203,12 +215,13 @@ def measure_point(grid: Grid, k: int, prefix: int, impl: str) -> dict[str, Any]:
 
 
 def run_grid(grid: Grid, on_result: Callable[[dict[str, Any]], None] | None = None,
-             deadline: float | None = None) -> list[dict[str, Any]]:
+             deadline: float | None = None, peak: roofline.Peak | None = None) -> list[dict[str, Any]]:
     """Every (point, implementation) in a bounded child; returns one dict per pair, in order.
 
     Each dict has k, prefix, impl, status (ok, STALL, ERROR, BAD, n/a, absent, skipped, not run) and, when it
     ran, us (the kernel), us_call (pdd: the launcher), GB/s, roofline, err, plan, why. `deadline` (a
-    time.monotonic() value) bounds the whole grid: pairs it leaves no time for are "not run".
+    time.monotonic() value) bounds the whole grid: pairs it leaves no time for are "not run". `peak`: the
+    roofline's peak (default: the vendor's figures for the device's name).
     """
     present = {impl: importlib.util.find_spec(pkg) is not None for impl, pkg in PACKAGE.items()}
     stalled_at: dict[str, int] = {}
@@ -241,9 +254,11 @@ def run_grid(grid: Grid, on_result: Callable[[dict[str, Any]], None] | None = No
                         if r["status"] == "ok" and impl == "pdd" and not r["err"] <= r["tolerance"]:
                             r.update(status="BAD", why=f"max |error| {r['err']:.3g} > {r['tolerance']:g}")
                 if "us" in r:
-                    peak = roofline.peak_for(r.get("device", ""))
+                    top = peak or roofline.peak_for(r.get("device", ""))
                     r["GB/s"] = r["bytes"] / (r["us"] * 1e-6) / 1e9
-                    r["roofline"] = roofline.ratio(r["us"] * 1e-6, r["bytes"], r["flops"], peak)
+                    r["roofline"] = roofline.ratio(r["us"] * 1e-6, r["bytes"], r["flops"], top)
+                    if "us_best" in r:
+                        r["roofline_best"] = roofline.ratio(r["us_best"] * 1e-6, r["bytes"], r["flops"], top)
                 results.append(r)
                 if on_result is not None:
                     on_result(r)
@@ -301,12 +316,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--point", type=int, nargs=2, metavar=("K", "PREFIX"),
                     help="run one point in this process and print its result line (the table's child)")
     ap.add_argument("--impl", choices=[i.replace(" ", "-") for i in IMPLS], default="pdd")
+    ap.add_argument("--tune", action="store_true", help="at each pdd point also time other tilings (handoff_tune)")
+    ap.add_argument("--tune-budget-s", type=float, help="the tile sweep of one point (default 45)")
     args = ap.parse_args(argv)
 
     given = {name: getattr(args, attr) for name, attr in (
         ("ks", "ks"), ("prefixes", "prefixes"), ("q_heads", "q_heads"), ("kv_heads", "kv_heads"),
         ("head_dim", "head_dim"), ("timeout_s", "timeout_s")) if getattr(args, attr) is not None}
-    given.update(batch=args.batch, page_size=args.page_size, skip=tuple(s.replace("-", " ") for s in args.skip))
+    given.update(batch=args.batch, page_size=args.page_size, skip=tuple(s.replace("-", " ") for s in args.skip),
+                 tune=args.tune)
+    if args.tune_budget_s is not None:
+        given["tune_budget_s"] = args.tune_budget_s
     grid = Grid.smoke_grid(**given) if args.smoke else Grid(**given)
 
     if args.point is not None:

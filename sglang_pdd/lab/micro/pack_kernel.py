@@ -132,12 +132,26 @@ def measure_point(geo: PoolGeometry, impl: str) -> dict[str, Any]:
         call = lambda: unpack_kv(staging, k, v, dst, fp8=fp8, validate_indices=False)  # noqa: E731
         kern = lambda: launch_pack_kernels(layout, staging, k, v, dst, "unpack")  # noqa: E731
     result.update(us_call=timer(call) * 1e3, us=timer(kern) * 1e3, bytes=payload + layout.nbytes,
-                  packed=layout.nbytes)
+                  packed=layout.nbytes, us_host=_host_us(kern, geo.smoke))
     return result
 
 
+def _host_us(fn: Callable[[], Any], smoke: bool, n: int = 20) -> float:
+    """Host time per launch: `n` calls queued without waiting for the device (what a timing of a small
+    point cannot go below when the host, not the kernel, is the bound)."""
+    if not smoke:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    seconds = time.perf_counter() - t0
+    if not smoke:
+        torch.cuda.synchronize()
+    return seconds / n * 1e6
+
+
 def run_points(geo: PoolGeometry, on_result: Callable[[dict[str, Any]], None] | None = None,
-               deadline: float | None = None) -> list[dict[str, Any]]:
+               deadline: float | None = None, peak: roofline.Peak | None = None) -> list[dict[str, Any]]:
     """Each implementation in a bounded child; one dict per implementation (status, us, GB/s, roofline, ...)."""
     results = []
     for impl in IMPLS:
@@ -155,7 +169,8 @@ def run_points(geo: PoolGeometry, on_result: Callable[[dict[str, Any]], None] | 
                 r.update(status="BAD", why=f"round trip error {r['err']:.3g} > {r['tolerance']:g}")
         if "us" in r:
             r["GB/s"] = r["bytes"] / (r["us"] * 1e-6) / 1e9
-            r["roofline"] = roofline.ratio(r["us"] * 1e-6, r["bytes"], 0.0, roofline.peak_for(r.get("device", "")))
+            top = peak or roofline.peak_for(r.get("device", ""))
+            r["roofline"] = roofline.ratio(r["us"] * 1e-6, r["bytes"], 0.0, top)
         results.append(r)
         if on_result is not None:
             on_result(r)

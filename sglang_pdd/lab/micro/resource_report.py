@@ -42,10 +42,13 @@ class AttnVariant:
     k: int
     prefix: int
     page_size: int
+    batch: int = 1
+    tiles: tuple[int, int, int, int] | None = None  # BLOCK_M, BLOCK_N, warps, stages (None: the launcher's)
 
     def label(self) -> str:
         return (f"{str(self.dtype).split('.')[-1]} D={self.head_dim} G={self.group} k={self.k} "
-                f"prefix={self.prefix} page={self.page_size}")
+                f"prefix={self.prefix} page={self.page_size}" + (f" batch={self.batch}" if self.batch > 1 else "")
+                + (f" tiles={'x'.join(map(str, self.tiles))}" if self.tiles else ""))
 
 
 def attn_variants(quick: bool) -> list[AttnVariant]:
@@ -69,27 +72,41 @@ def bench_grid_variants(pages: tuple[int, ...] = (1, 16)) -> list[AttnVariant]:
     """Every point of the GPU benchmark's default grid (`handoff_kernel.Grid()`), per page size."""
     from sglang_pdd.lab.micro.handoff_kernel import Grid
 
+    from sglang_pdd.lab.micro.device_check import kernel_grids
+    from sglang_pdd.lab.micro.handoff_tune import TILES
+
     g = Grid()
     group = g.q_heads // g.kv_heads
     if g.kv_heads != (8 if group <= 4 else 4):
         raise RuntimeError("_compile_attention's head counts are no longer the benchmark's: update both")
-    return [AttnVariant(torch.bfloat16, g.head_dim, group, k, prefix, page)
-            for page in pages for prefix in g.prefixes for k in g.ks]
+    out = [AttnVariant(torch.bfloat16, g.head_dim, group, k, prefix, page)
+           for page in pages for prefix in g.prefixes for k in g.ks]
+    for d in kernel_grids(dry_run=False, timeout_s=90.0):  # the device check's grids, batch 8 included
+        out += [AttnVariant(torch.bfloat16, d.head_dim, d.q_heads // d.kv_heads, k, prefix, d.page_size, d.batch)
+                for prefix in d.prefixes for k in d.ks]
+    # every tiling the device check's sweep times, at a point with partitions and at one without
+    for batch, k in ((8, 256), (1, 256)):
+        out += [AttnVariant(torch.bfloat16, g.head_dim, group, k, 16384, 16, batch, t) for t in TILES]
+    return list(dict.fromkeys(out))
 
 
 def _compile_attention(v: AttnVariant) -> list[Any]:
     kv_heads = 8 if v.group <= 4 else 4
     hq = kv_heads * v.group
     slots = 64
-    q = torch.empty((v.k, hq, v.head_dim), dtype=v.dtype)
+    q = torch.empty((v.batch * v.k, hq, v.head_dim), dtype=v.dtype)
     kb = torch.empty((slots, kv_heads, v.head_dim), dtype=v.dtype)
     vb = torch.empty_like(kb)
     out = torch.empty_like(q)
-    r2t = torch.zeros((4, v.prefix + v.k + v.page_size), dtype=torch.int32)
-    one = torch.ones(1, dtype=torch.int64)
+    r2t = torch.zeros((v.batch + 3, v.prefix + v.k + v.page_size), dtype=torch.int32)
+    one = torch.ones(v.batch, dtype=torch.int64)
+    config = HandoffAttentionConfig()
+    if v.tiles is not None:
+        bm, bn, warps, stages = v.tiles
+        config = HandoffAttentionConfig(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages)
     with compile_only() as compiled:
-        plan = plan_handoff_attention(q, kb, vb, out, r2t, one, one * v.prefix, one * v.k, [v.prefix], [v.k],
-                                      v.head_dim**-0.5, v.page_size, HandoffAttentionConfig())
+        plan = plan_handoff_attention(q, kb, vb, out, r2t, one, one * v.prefix, one * v.k, [v.prefix] * v.batch,
+                                      [v.k] * v.batch, v.head_dim**-0.5, v.page_size, config)
         run_plan(plan)
     return [(k, f"{v.label()} BLOCK_M={plan.block_m} BLOCK_N={plan.block_n} splits={plan.n_splits}")
             for k in compiled]
