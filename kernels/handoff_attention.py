@@ -55,9 +55,9 @@ class HandoffAttentionConfig:
     block_n: int | None = None  # KV positions per inner step; power of two >= 16
     split_len: int | None = None  # KV positions per partition; multiple of block_n
     min_split_len: int = 256  # never cut partitions shorter than this (when split_len is None)
-    target_programs: int | None = None  # programs to aim for; None: 4 x SM count
+    target_programs: int | None = None  # programs to aim for; None: 8 or 4 x SM count (choose_tiling)
     num_warps: int | None = None
-    num_stages: int = 2
+    num_stages: int | None = None
 
 
 @dataclass(frozen=True)
@@ -129,8 +129,19 @@ def choose_tiling(group: int, hkv: int, d: int, dv: int, prefix_cpu: Sequence[in
     max_kv = max((p + e for p, e in zip(prefix_cpu, extend_cpu)), default=0)
     block_d, block_dv = max(16, _next_pow2(d)), max(16, _next_pow2(dv))
 
-    block_m = config.block_m or min(MAX_BLOCK_M, max(16, _next_pow2(group * max(1, max_ext))))
-    block_m = max(block_m, _next_pow2(group))
+    # Tuned on an H200 (docs/kernels.md, section 5 (b): the device check's tile sweep, batch 8, prefixes of
+    # 16K and 64K, k 1 to 256, Llama-3-8B heads). Up to 32 rows of (token, head) per request the kernel is
+    # memory bound: one short tile (mma.sync), 4 warps, and many partitions (8 x SM programs) to keep
+    # loads in flight. From 33 rows it is compute bound: 64-row tiles (wgmma, one warpgroup) with 3
+    # stages beat 128-row tiles with 8 warps by 5-15 %, until 1024 rows, where 128 x 8 warps wins by 2-5 %.
+    rows = group * max(1, max_ext)
+    if rows <= 32:
+        tile_m, warps, stages, per_sm = max(16, _next_pow2(rows)), 4, 2, 8
+    elif rows < 1024:
+        tile_m, warps, stages, per_sm = 64, 4, 3, 4
+    else:
+        tile_m, warps, stages, per_sm = MAX_BLOCK_M, 8, 3, 4
+    block_m = max(config.block_m or tile_m, _next_pow2(group))
     block_n = config.block_n or (64 if max(block_d, block_dv) <= 128 else 32)
     for name, v in (("block_m", block_m), ("block_n", block_n)):
         require(v >= 16 and v & (v - 1) == 0, f"{name} must be a power of two >= 16, got {v}")
@@ -143,16 +154,18 @@ def choose_tiling(group: int, hkv: int, d: int, dv: int, prefix_cpu: Sequence[in
                 f"split_len {split_len} must be a positive multiple of block_n {block_n}")
     else:
         base = sum(math.ceil(e / tok_per_tile) for e in extend_cpu) * hkv
-        target = config.target_programs or 4 * sm_count
+        target = config.target_programs or per_sm * sm_count
         wanted = max(1, math.ceil(target / max(1, base)))
         cap = max(1, math.ceil(max_kv / config.min_split_len))
         n_splits = min(wanted, cap)
         split_len = math.ceil(max(1, max_kv) / n_splits / block_n) * block_n
     n_splits = max(1, math.ceil(max_kv / split_len))
-    num_warps = config.num_warps or (4 if block_m <= 32 else 8)
+    if config.block_m is not None and config.block_m != tile_m:  # a tile of the caller's: warps to its size
+        warps = 4 if block_m <= 64 else 8
+    num_warps = config.num_warps or warps
     return Tiling(block_m=block_m, block_n=block_n, block_d=block_d, block_dv=block_dv, tok_per_tile=tok_per_tile,
                   n_qtiles=n_qtiles, n_splits=n_splits, split_len=split_len, num_warps=num_warps,
-                  num_stages=config.num_stages)
+                  num_stages=config.num_stages or stages)
 
 
 def check_handoff_inputs(
@@ -280,7 +293,7 @@ def plan_handoff_attention(
         G=group, TOK_PER_TILE=tok_per_tile, D=d, DV=dv, BLOCK_D=block_d, BLOCK_DV=block_dv,
         BLOCK_M=block_m, BLOCK_N=block_n, PAGE_SIZE=page_size, DIRECT_OUT=direct,
         INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=num_warps, num_stages=config.num_stages,
+        num_warps=num_warps, num_stages=tiling.num_stages,
     )
     reduce_args = None if direct else (
         out, mid_o, mid_lse, prefix_lens, extend_lens, qo_indptr, split_len,
@@ -291,7 +304,7 @@ def plan_handoff_attention(
     return HandoffPlan(
         group=group, tok_per_tile=tok_per_tile, n_qtiles=n_qtiles, n_splits=n_splits, split_len=split_len,
         block_m=block_m, block_n=block_n, block_d=block_d, block_dv=block_dv, num_warps=num_warps,
-        num_stages=config.num_stages, partial_grid=(n_qtiles, n_splits, batch * hkv),
+        num_stages=tiling.num_stages, partial_grid=(n_qtiles, n_splits, batch * hkv),
         reduce_grid=(max(1, max_ext), batch, hq), partial_args=partial_args, partial_meta=partial_meta,
         reduce_args=reduce_args, reduce_meta=reduce_meta, layout=_tensor_layout(q, k_buffer, v_buffer, out),
     )

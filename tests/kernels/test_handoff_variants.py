@@ -61,14 +61,27 @@ def variant_ks(prefix: int, hq: int, hkv: int, head_dim: int = BENCH_HEAD_DIM) -
 
 
 def test_the_k64_point_of_the_benchmark_has_the_tiles_of_k32() -> None:
-    """Issue 37: at prefix 4096 the benchmark stalled at k = 64 after k = 32 ran. Both launch the same
-    kernel (BLOCK_M 128, BLOCK_N 64, 8 warps, 17 partitions of 256); k = 64 has 2 query tiles, not 1."""
+    """Issue 37: at prefix 4096 the benchmark stalled at k = 64 after k = 32 ran (sglang's split-KV
+    comparator, compiling). Both launch the same kernel of ours (BLOCK_M 64, BLOCK_N 64, 4 warps, 3 stages,
+    17 partitions of 256); k = 64 has 4 query tiles, not 2."""
     t32, t64 = tiling_for(32, 4096, *BENCH_HEADS), tiling_for(64, 4096, *BENCH_HEADS)
-    assert (t64.block_m, t64.block_n, t64.num_warps, t64.n_splits, t64.split_len) == (128, 64, 8, 17, 256)
-    assert (t32.block_m, t32.block_n, t32.num_warps, t32.n_splits, t32.split_len) == (128, 64, 8, 17, 256)
-    assert (t32.n_qtiles, t64.n_qtiles) == (1, 2)
+    for t in (t32, t64):
+        assert (t.block_m, t.block_n, t.num_warps, t.num_stages, t.n_splits, t.split_len) == (64, 64, 4, 3, 17, 256)
+    assert (t32.n_qtiles, t64.n_qtiles) == (2, 4)
     # one KV head and head dim 64 (the interpreter's geometry) pick the very same tiles for that point
     assert variant(tiling_for(64, 4096, 4, 1, head_dim=64)) == variant(t64)
+
+
+def test_the_launcher_picks_the_tiles_the_h200_sweep_measured_fastest() -> None:
+    """docs/kernels.md 5 (b): the device check's sweep at batch 8, prefixes 16K and 64K (page 16). choose_tiling
+    returns the fastest tiling measured at 11 of those 12 points (tiles, warps, stages, partitions); at k = 1,
+    prefix 64K, 16 x 128 with 3 stages was 7 % faster, and one rule for both prefixes was kept."""
+    fastest = {1: (16, 64, 4, 2, 17), 8: (32, 64, 4, 2, 17), 32: (64, 64, 4, 3, 5), 64: (64, 64, 4, 3, 3),
+               128: (64, 64, 4, 3, 2), 256: (128, 64, 8, 3, 2)}
+    for prefix in (16384, 65536):
+        for k, want in fastest.items():
+            t = tiling_for(k, prefix, *BENCH_HEADS, batch=8)
+            assert (t.block_m, t.block_n, t.num_warps, t.num_stages, t.n_splits) == want, (k, prefix, t)
 
 
 @pytest.mark.parametrize("batch", [1, 4])

@@ -1,7 +1,7 @@
 """The device check: the kernel tests, the handoff kernel's figures, the pack kernels' figures and their
 roofline ratios, in one bounded run and one table. `scripts/device-check.sh` builds the tree it runs in.
 
-    bash scripts/device-check.sh              # on a CUDA box: everything, compiled (about 6 minutes)
+    bash scripts/device-check.sh              # on a CUDA box: everything, compiled (270 s on an H200)
     bash scripts/device-check.sh hook         # only tests/kernels/test_handoff_hook.py
     bash scripts/device-check.sh --dry-run    # anywhere: the same steps on CPU (interpreter, smoke shapes)
 
@@ -11,17 +11,19 @@ this process, of pytest's, of each benchmark child) resolves to that copy, on a 
 installed. Steps, each bounded:
 
   env       python, torch, triton, the device, and where sglang_pdd and its kernels were imported from
-  tests     pytest tests/kernels (dry run: every module collected, a quick selection run)
-  kernel    sglang_pdd.lab.micro.handoff_kernel's grid, each (point, implementation) in its own child
-  pack      sglang_pdd.lab.micro.pack_kernel: a device copy, pack / unpack plain and fp8
-  roofline  the device's peak, and the ratios of the kernel and pack points (roofline time / measured)
+  tests     pytest tests/kernels, compiled (dry run: every module collected, a quick selection run)
+  peak      the device's copy bandwidth and bf16 matmul rate, measured (`roofline --measure`)
+  pack      sglang_pdd.lab.micro.pack_kernel at 1K and 16K tokens: a device copy, pack / unpack plain and fp8
+  kernel    sglang_pdd.lab.micro.handoff_kernel: batch 8 at 16K and 64K, k 1..256, each point with its tile
+            sweep (handoff_tune); batch 1 at 4K; each (point, implementation) in its own child
+  roofline  the ratios of the kernel and pack points (roofline time / measured) against the measured peak
 
 A point that does not finish within its bound is a STALL row naming the point and the stage it stalled in;
 the run goes on. The exit status is 1 when any row failed: a test, a STALL / ERROR / BAD point of the
 handoff kernel or the pack kernels, a step cut short by the time budget. sglang's and flashinfer's
 kernels (the comparators) are shown when present, absent otherwise, and never fail the check.
 Logs and JSON go to --out: kernels.log, kernels.xml, handoff.json, pack.json, device_check.json and
-device_check.txt (the table).
+device_check.txt (the table), peak.json.
 """
 
 from __future__ import annotations
