@@ -39,11 +39,14 @@ def _pool(slots: int, heads: int, dim: int, dtype: torch.dtype, device: torch.de
 
 
 def warm_up_handoff(q_heads: int, kv_heads: int, head_dim: int, v_head_dim: int, dtype: torch.dtype,
-                    device: torch.device, page_size: int = 1, ks: tuple[int, ...] = (1, 8, 64),
+                    device: torch.device, page_size: int = 1, ks: tuple[int, ...] | None = None,
                     long_prefix: int = 1024, backend: str = "auto") -> WarmupReport:
-    """Run the handoff kernel for k in `ks`, over a short prefix (one partition) and a long one
-    (split-KV + reduction), and compare each with the reference."""
+    """Run the handoff kernel for k in `ks` (default: the first k of each tiling class the launcher has for
+    this GQA group, `tile_class_ks`), over a short prefix (one partition) and a long one (split-KV +
+    reduction), and compare each with the reference."""
     t0, rep = time.perf_counter(), WarmupReport()
+    if ks is None:
+        ks = tile_class_ks(q_heads // kv_heads)
     for prefix in (0, long_prefix):
         for k in ks:
             n = prefix + k
@@ -65,6 +68,17 @@ def warm_up_handoff(q_heads: int, kv_heads: int, head_dim: int, v_head_dim: int,
                 rep.mismatches.append(f"{name}: max abs error {err:.3g}")
     rep.seconds = time.perf_counter() - t0
     return rep
+
+
+def tile_class_ks(group: int, max_k: int = 1024) -> tuple[int, ...]:
+    """The smallest k of each (BLOCK_M, warps, stages) the launcher picks for a GQA group, k <= max_k."""
+    from .handoff_attention import H200_SM_COUNT, HandoffAttentionConfig, choose_tiling
+
+    seen: dict[tuple[int, int, int], int] = {}
+    for k in range(1, max_k + 1):
+        t = choose_tiling(group, 1, 128, 128, [0], [k], H200_SM_COUNT, HandoffAttentionConfig())
+        seen.setdefault((t.block_m, t.num_warps, t.num_stages), k)
+    return tuple(sorted(seen.values()))
 
 
 def warm_up_pack(layers: int, k_heads: int, k_head_dim: int, v_heads: int, v_head_dim: int,

@@ -26,3 +26,15 @@ def test_a_wrong_kernel_is_reported(device, monkeypatch):
     monkeypatch.setattr(warmup, "handoff_attention", lambda *a, **kw: real(*a, **kw) * 1.5)
     rep = warmup.warm_up_handoff(4, 4, 64, 64, torch.float32, device, ks=(1,), long_prefix=64, backend="triton")
     assert not rep.ok and len(rep.mismatches) == 2
+
+
+def test_default_warm_up_covers_every_tiling_class_the_launcher_picks() -> None:
+    from sglang_pdd.kernels.handoff_attention import H200_SM_COUNT, HandoffAttentionConfig, choose_tiling
+
+    for group in (1, 4, 8):
+        ks = warmup.tile_class_ks(group)
+        def cls(k: int) -> tuple[int, int, int]:
+            t = choose_tiling(group, 1, 128, 128, [0], [k], H200_SM_COUNT, HandoffAttentionConfig())
+            return t.block_m, t.num_warps, t.num_stages
+        assert {cls(k) for k in ks} == {cls(k) for k in range(1, 1025)}
+    assert warmup.tile_class_ks(4) == (1, 5, 9, 256)  # 16, 32, 64 and 128 rows of (token, head)
