@@ -14,7 +14,6 @@ from __future__ import annotations
 from .backend import resolve_backend, triton_available
 from .checks import KernelArgumentError
 from .handoff_attention import (
-    HandoffAttentionConfig,
     HandoffPlan,
     handoff_attention,
     prepare_handoff_attention,
@@ -22,6 +21,7 @@ from .handoff_attention import (
     run_plan,
 )
 from .handoff_attention_ref import handoff_attention_ref
+from .handoff_tiling import HandoffAttentionConfig
 from .kv_pack import pack_kv, unpack_kv
 from .kv_pack_layout import PackLayout
 from .kv_pack_ref import pack_kv_ref, unpack_kv_ref

@@ -72,7 +72,7 @@ def warm_up_handoff(q_heads: int, kv_heads: int, head_dim: int, v_head_dim: int,
 
 def tile_class_ks(group: int, max_k: int = 1024) -> tuple[int, ...]:
     """The smallest k of each (BLOCK_M, warps, stages) the launcher picks for a GQA group, k <= max_k."""
-    from .handoff_attention import H200_SM_COUNT, HandoffAttentionConfig, choose_tiling
+    from .handoff_tiling import H200_SM_COUNT, HandoffAttentionConfig, choose_tiling
 
     seen: dict[tuple[int, int, int], int] = {}
     for k in range(1, max_k + 1):

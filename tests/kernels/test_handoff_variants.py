@@ -22,7 +22,8 @@ import torch
 from pool_fakes import make_paged_batch
 
 from sglang_pdd.kernels import HandoffAttentionConfig, handoff_attention
-from sglang_pdd.kernels.handoff_attention import H200_SM_COUNT, Tiling, choose_tiling, prepare_handoff_attention
+from sglang_pdd.kernels.handoff_attention import prepare_handoff_attention
+from sglang_pdd.kernels.handoff_tiling import H200_SM_COUNT, Tiling, choose_tiling
 from sglang_pdd.lab.micro.handoff_kernel import Grid, Problem
 
 pytest.importorskip("triton")

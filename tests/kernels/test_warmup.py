@@ -29,7 +29,7 @@ def test_a_wrong_kernel_is_reported(device, monkeypatch):
 
 
 def test_default_warm_up_covers_every_tiling_class_the_launcher_picks() -> None:
-    from sglang_pdd.kernels.handoff_attention import H200_SM_COUNT, HandoffAttentionConfig, choose_tiling
+    from sglang_pdd.kernels.handoff_tiling import H200_SM_COUNT, HandoffAttentionConfig, choose_tiling
 
     for group in (1, 4, 8):
         ks = warmup.tile_class_ks(group)

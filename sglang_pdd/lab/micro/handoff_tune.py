@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from sglang_pdd.kernels.handoff_attention import HandoffAttentionConfig, prepare_handoff_attention, rebind_plan, run_plan
+from sglang_pdd.kernels.handoff_attention import prepare_handoff_attention, rebind_plan, run_plan
+from sglang_pdd.kernels.handoff_tiling import HandoffAttentionConfig
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ from typing import Any
 import torch
 
 from sglang_pdd.lab.micro.compile_only import H200_MAX_SHARED_BYTES, compile_only, resources
-from sglang_pdd.kernels.handoff_attention import HandoffAttentionConfig, plan_handoff_attention, run_plan
+from sglang_pdd.kernels.handoff_attention import plan_handoff_attention, run_plan
+from sglang_pdd.kernels.handoff_tiling import HandoffAttentionConfig
 from sglang_pdd.kernels.kv_pack import launch_pack_kernels
 from sglang_pdd.kernels.kv_pack_layout import PackLayout
 
