@@ -28,8 +28,8 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _attend_block(acc, l_i, m_i, q, start, K_Buf, V_Buf, r2t_row, kv_head, kv_end, q_pos, rows, offs_n, offs_d,
-                  offs_dv, d_ok, dv_ok, sm_scale_log2, stride_kbs, stride_kh, stride_vbs, stride_vh,
+def _attend_block(acc, l_i, m_i, q, start, K_Buf, V_Buf, r2t_row, kv_head, kv_end, q_pos, offs_n, offs_d, offs_dv,
+                  d_ok, dv_ok, sm_scale_log2, stride_kbs, stride_kh, stride_vbs, stride_vh,
                   BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, EVEN_D: tl.constexpr,
                   MASKED: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """One BLOCK_N step of the online softmax. MASKED: the block may reach past kv_end or past a query's
@@ -162,11 +162,11 @@ def handoff_attn_partial_kernel(
     r2t_row = Req_To_Token + req_row * stride_r2t
     offs_n = tl.arange(0, BLOCK_N)
     for start in range(kv_start, full_end, BLOCK_N):
-        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, start, K_Buf, V_Buf, r2t_row, kv_head, kv_end, q_pos, rows,
+        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, start, K_Buf, V_Buf, r2t_row, kv_head, kv_end, q_pos,
                                       offs_n, offs_d, offs_dv, d_ok, dv_ok, sm_scale_log2, stride_kbs, stride_kh,
                                       stride_vbs, stride_vh, BLOCK_N, PAGE_SIZE, EVEN_D, False, INPUT_PRECISION)
     for start in range(full_end, kv_end, BLOCK_N):
-        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, start, K_Buf, V_Buf, r2t_row, kv_head, kv_end, q_pos, rows,
+        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, start, K_Buf, V_Buf, r2t_row, kv_head, kv_end, q_pos,
                                       offs_n, offs_d, offs_dv, d_ok, dv_ok, sm_scale_log2, stride_kbs, stride_kh,
                                       stride_vbs, stride_vh, BLOCK_N, PAGE_SIZE, EVEN_D, True, INPUT_PRECISION)
 

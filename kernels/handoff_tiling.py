@@ -30,12 +30,12 @@ class HandoffAttentionConfig:
     num_stages: int | None = None
 
 
-
 def next_pow2(x: int) -> int:
     return 1 << max(0, (x - 1).bit_length())
 
 
 def sm_count(device: torch.device) -> int:
+    """The device's SM count (an H200's off CUDA: what the interpreter and compile-only runs plan for)."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return H200_SM_COUNT
@@ -103,7 +103,7 @@ def choose_tiling(group: int, hkv: int, d: int, dv: int, prefix_cpu: Sequence[in
         n_splits = min(wanted, cap)
         split_len = math.ceil(max(1, max_kv) / n_splits / block_n) * block_n
     n_splits = max(1, math.ceil(max_kv / split_len))
-    if config.block_m is not None and config.block_m != tile_m:  # a tile of the caller's: warps to its size
+    if block_m != tile_m:  # the caller's tile, or one raised to the GQA group: warps to its size
         warps = 4 if block_m <= 64 else 8
     num_warps = config.num_warps or warps
     return Tiling(block_m=block_m, block_n=block_n, block_d=block_d, block_dv=block_dv, tok_per_tile=tok_per_tile,

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from sglang_pdd.kernels.handoff_attention import prepare_handoff_attention, rebind_plan, run_plan
-from sglang_pdd.kernels.handoff_tiling import HandoffAttentionConfig
+from sglang_pdd.kernels.handoff_tiling import HandoffAttentionConfig, next_pow2, sm_count
 
 
 @dataclass(frozen=True)
@@ -27,10 +27,10 @@ class Candidate:
     block_n: int
     num_warps: int
     num_stages: int
-    target_sms: int | None = None  # programs aimed for, in SMs (None: the launcher's 4 x SM count)
+    target_sms: int | None = None  # programs aimed for, in SMs (None: the launcher's own count, choose_tiling)
 
-    def config(self, sm_count: int) -> HandoffAttentionConfig:
-        target = None if self.target_sms is None else self.target_sms * sm_count
+    def config(self, sms: int) -> HandoffAttentionConfig:
+        target = None if self.target_sms is None else self.target_sms * sms
         return HandoffAttentionConfig(block_m=self.block_m, block_n=self.block_n, num_warps=self.num_warps,
                                       num_stages=self.num_stages, target_programs=target)
 
@@ -55,7 +55,7 @@ def candidates(group: int, k: int, chosen: Candidate) -> list[Candidate]:
     """The tilings worth timing at k new tokens of a GQA group: tiles no taller than twice the rows of
     one request (taller tiles only add masked rows), and the launcher's tiles with other partition counts."""
     rows = group * k
-    cap = max(16, 2 * (1 << max(0, (rows - 1).bit_length())))
+    cap = max(16, 2 * next_pow2(rows))
     out = [Candidate(*t) for t in TILES if t[0] <= cap and t[0] >= group]
     out += [Candidate(chosen.block_m, chosen.block_n, chosen.num_warps, chosen.num_stages, s) for s in SPLIT_TARGETS]
     return [c for c in dict.fromkeys(out) if c != chosen]
@@ -65,7 +65,7 @@ def sweep(problem: Any, want: torch.Tensor, timer: Callable[[Callable[[], Any]],
           tolerance: float, budget_s: float) -> list[dict[str, Any]]:
     """Time every candidate at `problem` (a handoff_kernel.Problem) within `budget_s`; one dict each."""
     p = problem
-    sm_count = torch.cuda.get_device_properties(p.q.device).multi_processor_count if p.q.is_cuda else 132
+    sms = sm_count(p.q.device)
     out = torch.empty_like(p.q)
     t_end = time.monotonic() + budget_s
     results = []
@@ -78,7 +78,7 @@ def sweep(problem: Any, want: torch.Tensor, timer: Callable[[Callable[[], Any]],
                                              p.prefix_lens, p.extend_lens, sm_scale=p.sm_scale, page_size=p.page,
                                              out=out, prefix_lens_cpu=[p.prefix] * p.batch,
                                              extend_lens_cpu=[p.k] * p.batch, validate_indices=False,
-                                             config=c.config(sm_count))
+                                             config=c.config(sms))
             run_plan(plan)
             err = float((out.float() - want).abs().max())
             us = timer(lambda: run_plan(rebind_plan(plan, p.q, p.k_buffer, p.v_buffer, out))) * 1e3
