@@ -209,9 +209,13 @@ def download(host: str, port: int, nbytes: int, timeout_s: float = 60.0) -> Tran
         return _transfer(*receive_timed(sock, nbytes, bytearray(CHUNK)))
 
 
-def udp_burst(host: str, port: int, count: int, interval_s: float, wait_s: float, size: int = 64) -> list[tuple[int, float]]:
+def udp_burst(host: str, port: int, count: int, interval_s: float, wait_s: float, size: int = 64,
+              report_timeout_s: float = 50.0) -> list[tuple[int, float]]:
     """Send `count` numbered datagrams `interval_s` apart, wait `wait_s`, return what the server got:
-    [(seq, one-way delay s)] in arrival order."""
+    [(seq, one-way delay s)] in arrival order.
+
+    The report comes back over TCP through the same link: on a lossy one, a segment lost several times
+    over waits out TCP's doubling retransmission timeouts (1 s, 2 s, 4 s, ...), hence the long timeout."""
     size = max(size, _UDP.size)
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
         t_next = time.monotonic()
@@ -220,7 +224,7 @@ def udp_burst(host: str, port: int, count: int, interval_s: float, wait_s: float
             t_next += interval_s
             time.sleep(max(0.0, t_next - time.monotonic()))
     time.sleep(wait_s)
-    with _connect(host, port, 10.0) as sock:
+    with _connect(host, port, report_timeout_s) as sock:
         sock.sendall(_HDR.pack(b"R", 0))
         line = bytearray()
         while not line.endswith(b"\n"):
