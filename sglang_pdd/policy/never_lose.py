@@ -12,6 +12,11 @@ observes, and each can be switched off (for the tests and the ablation):
 3. `slack_admission`: a relay is admitted only when the prefilling P has slack: its queue drains
    within `p_slack_s` (by default 0: only an idle P relays). Otherwise the request goes P->MD: a
    busy P slowed by relaying costs every request queued on it, the relay saves one.
+   `headroom_admission`: nor when P, slowed by its relay side (`relay_slowdown`: a P that hosts the
+   relay prefills that many times slower while the relay decodes; 1 for a dedicated RLD), could not
+   keep up with its recent work: recent busy fraction x slowdown > 1 (`policy.busy_fraction`). An
+   idle P at the moment of arrival can still be a P that is busy most of the time; relaying there
+   builds a queue behind the relay that costs more requests than the relay saves.
 4. Odd traffic (output < `odd_output_threshold`, decode shorter than the WAN time) finishes on
    the relay (P->RLD); everything else relayed is P->RLD->MD.
 5. `warm_md`: an odd (P->RLD) request still sends its prompt's missed KV to MD in the background
@@ -35,10 +40,13 @@ class NeverLoseConfig:
     odd_output_threshold: int = 500  # the paper's odd-traffic threshold
     queue_aware: bool = True
     slack_admission: bool = True
+    headroom_admission: bool = True
     warm_md: bool = True
+    relay_slowdown: float = 1.0  # P's prefill time factor while its relay side decodes (1: dedicated RLD)
 
     def __post_init__(self) -> None:
-        if self.wan_budget_s < 0 or self.p_slack_s < 0 or self.odd_output_threshold < 0:
+        if (self.wan_budget_s < 0 or self.p_slack_s < 0 or self.odd_output_threshold < 0
+                or not self.relay_slowdown >= 1.0):
             raise ValueError(f"invalid never-lose config {self}")
 
 
@@ -53,6 +61,7 @@ class Observation:
     p_wait_s: float  # the prefilling P's queue, in seconds of its prefill rate (inf: busy, length unknown)
     rld_tpot_s: float  # expected relay time per output token
     fifo: bool = False  # the lane writes in order (the serving P) rather than sharing the line fairly
+    p_busy_fraction: float = 0.0  # the prefilling P's recent busy share of time (`policy.busy_fraction`)
 
 
 @dataclass(frozen=True)
@@ -80,6 +89,9 @@ def decide(cfg: NeverLoseConfig, obs: Observation) -> Decision:
     if cfg.slack_admission and obs.p_wait_s > cfg.p_slack_s:
         return Decision(Pipeline.P_MD, f"no relay: P's queue {obs.p_wait_s:.2f}s > slack "
                         f"{cfg.p_slack_s}s (WAN {wan:.2f}s)", wan)
+    if cfg.headroom_admission and obs.p_busy_fraction * cfg.relay_slowdown > 1.0:
+        return Decision(Pipeline.P_MD, f"no relay: P busy {obs.p_busy_fraction:.0%} of the time, "
+                        f"x {cfg.relay_slowdown:.3g} while relaying is over 100 % (WAN {wan:.2f}s)", wan)
     decode_s = obs.output_tokens * obs.rld_tpot_s
     if obs.output_tokens < cfg.odd_output_threshold and decode_s < wan:
         warm = cfg.warm_md and line_has_room(cfg, obs)

@@ -179,5 +179,7 @@ class PipelinePolicy:
         busy = pf is not None and pf.waiting > 0  # the router sees whether P has a queue, not its length in s
         obs = never_lose.Observation(missed, inp.max_output_tokens, [link.queued_bytes(pf.url if pf else "")], rate,
                                      rate, link.rtt_s, math.inf if busy else 0.0, self.cfg.rld_tpot_s, fifo=True)
-        cfg = never_lose.NeverLoseConfig(self.cfg.ttft_slo_s / 2, 0.0, self.cfg.odd_output_threshold, warm_md=False)
+        # the router's RLD is a dedicated instance (relay_slowdown 1: relaying does not slow P)
+        cfg = never_lose.NeverLoseConfig(wan_budget_s=self.cfg.ttft_slo_s / 2, p_slack_s=0.0,
+                                         odd_output_threshold=self.cfg.odd_output_threshold, warm_md=False)
         return never_lose.decide(cfg, obs)

@@ -5,15 +5,18 @@ instead of a static share of it. MD is chosen as xdc-pd-drc chooses it. So where
 relayed the deployment is cross-DC PD with DRC, request for request. The compute split is
 `colocated_relay`'s (`share`, `interference`, only while the relay side decodes). The route
 follows `never_lose_rules`: queue-aware WAN prediction, relay admission from the prefilling P's
-slack, odd traffic on the relay, and MD kept warm by background prompt transfers when the line
-has room. The P is chosen before the route, so the route reads the P that will host the relay.
+slack and headroom (its recent busy fraction times the slowdown its relay side causes, which the
+deployment knows: `prefill_factor`), odd traffic on the relay, and MD kept warm by background prompt
+transfers when the line has room. The P is chosen before the route, so the route reads the P that
+will host the relay.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import ClassVar
+from dataclasses import dataclass, field, fields, replace
+from typing import ClassVar, Optional
 
+from sglang_pdd.policy.busy_fraction import BusyFraction
 from sglang_pdd.policy.peer_choice import Candidate
 from sglang_pdd.policy.pipeline import Pipeline
 from sglang_pdd.lab.sim.colocated_relay import ColocatedCluster, ColocatedRelaySpec
@@ -37,6 +40,9 @@ class NeverLoseCluster(ColocatedCluster):
         c = spec.chunk_size
         raw = self.P[0].cost.cost  # P's own rate, not slowed by its relay side
         self.p_tokens_per_s = c / raw.prefill_step_s([Chunk(c, 0)])
+        self.rules = replace(spec.rules, relay_slowdown=spec.prefill_factor)
+        tau = spec.busy_tau_s if spec.busy_tau_s is not None else max(2 * spec.rules.wan_budget_s, 1.0)
+        self.p_busy = [BusyFraction(tau) for _ in self.P]
         self.decisions: dict[str, Decision] = {}
         self.warm_sent = 0
         self.warm_bytes = 0.0
@@ -54,7 +60,8 @@ class NeverLoseCluster(ColocatedCluster):
             lane_queued=self.wan.queued_bytes(), line_bytes_per_s=self.line.bytes_per_s,
             flow_bytes_per_s=self.bw.bytes_per_s, rtt_s=self.spec.wan.rtt_s,
             p_wait_s=self.P[p].queued_tokens / self.p_tokens_per_s,
-            rld_tpot_s=self.policy.cfg.rld_tpot_s)
+            rld_tpot_s=self.policy.cfg.rld_tpot_s,
+            p_busy_fraction=self.p_busy[p].sample(self.loop.now, self.P[p].busy_s))
 
     def _arrive(self, w: WorkloadRequest) -> None:
         if w.warmup:
@@ -63,7 +70,7 @@ class NeverLoseCluster(ColocatedCluster):
         d = self._md_of(w)
         md_hit = self.drc[d].hit_req(w) if self.drc else 0
         p = self._pick_p_cached(w) if self.pc is not None else self._pick_p()
-        dec = decide(self.spec.rules, self.observe(w, md_hit, p))
+        dec = decide(self.rules, self.observe(w, md_hit, p))
         self.decisions[w.request_id] = dec
         p_hit = self.pc[p].hit_req(w) if self.pc is not None else w.prefix_hit_len
         rec = RequestRecord(w.request_id, w.session_id, w.turn, self.loop.now, w.input_len,
@@ -95,6 +102,9 @@ class NeverLoseCluster(ColocatedCluster):
 @dataclass(frozen=True)
 class NeverLoseSpec(ColocatedRelaySpec):
     rules: NeverLoseConfig = field(default_factory=NeverLoseConfig)
+    # P's busy fraction averages over this (s); None: twice the WAN budget, i.e. the TTFT SLA when the
+    # budget is half of it (the horizon over which a slowed P costs other requests their SLA)
+    busy_tau_s: Optional[float] = None
 
     cluster_class: ClassVar[type] = NeverLoseCluster
 

@@ -95,6 +95,19 @@ def test_no_relay_on_a_busy_p():
     assert decide(NeverLoseConfig(p_slack_s=2.0), o).pipeline is Pipeline.P_RLD_MD
 
 
+def test_no_relay_where_the_slowed_p_could_not_keep_up():
+    """An idle P at arrival that was busy 80 % of the recent time: slowed 1.375x by its relay side it
+    would need 110 % of the time, so the near miss goes P->MD. At 70 % (96 %) it relays; a dedicated
+    RLD (slowdown 1) relays on any P with slack; the rule can be switched off."""
+    cfg = NeverLoseConfig(relay_slowdown=1.375)
+    d = decide(cfg, obs(missed_bytes=500 * MB, p_busy_fraction=0.8))
+    assert d.pipeline is Pipeline.P_MD and "busy 80%" in d.reason
+    assert decide(cfg, obs(missed_bytes=500 * MB, p_busy_fraction=0.7)).pipeline is Pipeline.P_RLD_MD
+    assert decide(NeverLoseConfig(), obs(missed_bytes=500 * MB, p_busy_fraction=0.99)).pipeline is Pipeline.P_RLD_MD
+    off = replace(cfg, headroom_admission=False)
+    assert decide(off, obs(missed_bytes=500 * MB, p_busy_fraction=0.8)).pipeline is Pipeline.P_RLD_MD
+
+
 def test_odd_traffic_finishes_on_the_relay():
     d = decide(NeverLoseConfig(), obs(missed_bytes=500 * MB, output_tokens=100))
     assert d.pipeline is Pipeline.P_RLD
@@ -115,6 +128,8 @@ def test_odd_traffic_warms_md_only_when_the_line_has_room():
 def test_config_refuses_negative_budgets():
     with pytest.raises(ValueError):
         NeverLoseConfig(wan_budget_s=-1.0)
+    with pytest.raises(ValueError):
+        NeverLoseConfig(relay_slowdown=0.9)  # a relay side does not speed its P up
 
 
 # ----- the cluster -----
@@ -165,6 +180,29 @@ def test_slack_admission_keeps_busy_ps_from_relaying():
     relayed = lambda r: sum(x.pipeline != "P->MD" for x in r.records)  # noqa: E731
     assert relayed(res) < relayed(free)
     assert any("slack" in x.route_reason for x in res.records)
+
+
+def test_headroom_admission_reads_each_ps_busy_fraction(reqs):
+    """The cluster's rules carry its P's slowdown while relaying (the deployment's own
+    `prefill_factor`), and the route reads the chosen P's busy fraction from that P's counter: a P
+    busy 90 % of the last seconds does not relay a near miss, the idle other P does."""
+    spec = never_lose_system(tiny_system("pdd-bw", wan=CONGESTED))
+    c = NeverLoseCluster(spec, TINY_MODEL, Efficiency(), context_tokens=typical_context(reqs))
+    assert c.rules.relay_slowdown == pytest.approx(spec.prefill_factor) and spec.prefill_factor > 1.0
+    w = max(measured(reqs), key=lambda r: r.input_len)  # its whole prompt misses MD: over the budget
+    seen = {}
+
+    def look(t):
+        for p in range(len(c.P)):
+            seen[(t, p)] = decide(c.rules, c.observe(w, 0, p))
+
+    c.loop.at(0.0, look, 0.0)
+    c.loop.at(10.0, lambda: (setattr(c.P[0], "busy_s", 9.0), look(10.0)))
+    c.loop.run()
+    assert seen[(0.0, 0)].pipeline is not Pipeline.P_MD  # no history: a near miss relays
+    busy, idle = seen[(10.0, 0)], seen[(10.0, 1)]
+    assert busy.pipeline is Pipeline.P_MD and "no relay: P busy 89%" in busy.reason
+    assert idle.pipeline is not Pipeline.P_MD
 
 
 def test_odd_requests_keep_md_warm(reqs):
