@@ -6,7 +6,9 @@ observes, and each can be switched off (for the tests and the ablation):
 
 1. `queue_aware`: the WAN time of MD's miss is predicted on P's lane as it is now (the bytes
    already queued towards MD's site, the line's measured drain rate; `policy.wan_queue`), not as
-   if the line were idle.
+   if the line were idle. `load_aware` adds the transfers that will start meanwhile: on a line
+   busy a share `u` of the recent time, a fairly shared transfer of `b` bytes takes `b / rate /
+   (1 - u)` on average (M/G/1 processor sharing); the prediction is the larger of the two.
 2. The request goes P->MD when that time is within `wan_budget_s` (the router and
    `--scenario never-lose` set half the TTFT SLA: relay only what the line would make a near miss).
 3. `slack_admission`: a relay is admitted only when the prefilling P has slack: its queue drains
@@ -39,6 +41,7 @@ class NeverLoseConfig:
     p_slack_s: float = 0.0  # a P with more queued prefill (s) than this does not relay (0: idle P only)
     odd_output_threshold: int = 500  # the paper's odd-traffic threshold
     queue_aware: bool = True
+    load_aware: bool = False
     slack_admission: bool = True
     headroom_admission: bool = True
     warm_md: bool = True
@@ -62,6 +65,7 @@ class Observation:
     rld_tpot_s: float  # expected relay time per output token
     fifo: bool = False  # the lane writes in order (the serving P) rather than sharing the line fairly
     p_busy_fraction: float = 0.0  # the prefilling P's recent busy share of time (`policy.busy_fraction`)
+    line_busy_fraction: float = 0.0  # the line's recent busy share of time (P's lane to MD's site)
 
 
 @dataclass(frozen=True)
@@ -72,10 +76,17 @@ class Decision:
     warm_md: bool = False  # P->RLD only: send the prompt's KV to MD in the background
 
 
+MAX_LOAD = 0.99  # a line busy all the time predicts 100x its idle time, not infinity
+
+
 def predict_wan_s(cfg: NeverLoseConfig, obs: Observation) -> float:
-    if cfg.queue_aware:
-        return finish_s(obs.missed_bytes, obs.lane_queued, obs.line_bytes_per_s, obs.rtt_s, obs.fifo)
-    return obs.missed_bytes / obs.flow_bytes_per_s + obs.rtt_s
+    if not cfg.queue_aware:
+        return obs.missed_bytes / obs.flow_bytes_per_s + obs.rtt_s
+    now = finish_s(obs.missed_bytes, obs.lane_queued, obs.line_bytes_per_s, obs.rtt_s, obs.fifo)
+    if not cfg.load_aware:
+        return now
+    u = min(max(obs.line_busy_fraction, 0.0), MAX_LOAD)
+    return max(now, obs.missed_bytes / obs.line_bytes_per_s / (1.0 - u) + obs.rtt_s)
 
 
 def line_has_room(cfg: NeverLoseConfig, obs: Observation) -> bool:

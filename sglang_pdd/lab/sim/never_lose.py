@@ -43,6 +43,7 @@ class NeverLoseCluster(ColocatedCluster):
         self.rules = replace(spec.rules, relay_slowdown=spec.prefill_factor)
         tau = spec.busy_tau_s if spec.busy_tau_s is not None else max(2 * spec.rules.wan_budget_s, 1.0)
         self.p_busy = [BusyFraction(tau) for _ in self.P]
+        self.line_busy = BusyFraction(tau)
         self.decisions: dict[str, Decision] = {}
         self.warm_sent = 0
         self.warm_bytes = 0.0
@@ -61,7 +62,8 @@ class NeverLoseCluster(ColocatedCluster):
             flow_bytes_per_s=self.bw.bytes_per_s, rtt_s=self.spec.wan.rtt_s,
             p_wait_s=self.P[p].queued_tokens / self.p_tokens_per_s,
             rld_tpot_s=self.policy.cfg.rld_tpot_s,
-            p_busy_fraction=self.p_busy[p].sample(self.loop.now, self.P[p].busy_s))
+            p_busy_fraction=self.p_busy[p].sample(self.loop.now, self.P[p].busy_s),
+            line_busy_fraction=self.line_busy.sample(self.loop.now, self.wan.busy_s))
 
     def _arrive(self, w: WorkloadRequest) -> None:
         if w.warmup:

@@ -87,6 +87,20 @@ def test_queue_aware_prediction_relays_what_the_idle_line_view_sends():
     assert decide(NeverLoseConfig(queue_aware=False), o).pipeline is Pipeline.P_MD
 
 
+def test_load_aware_prediction_counts_the_transfers_still_to_come():
+    """50 MB on an idle line: 0.52 s. On a line busy half the recent time, transfers that start
+    meanwhile share it: 0.5 s / (1 - 0.5) + RTT = 1.02 s, over the budget. The larger of that and the
+    queue-aware time is the prediction; a line busy all the time is capped at 100x, not infinity."""
+    on = NeverLoseConfig(load_aware=True)
+    half = obs(missed_bytes=50 * MB, line_busy_fraction=0.5)
+    assert decide(on, half).predicted_wan_s == pytest.approx(1.02)
+    assert decide(on, half).pipeline is Pipeline.P_RLD_MD
+    assert decide(NeverLoseConfig(), half).pipeline is Pipeline.P_MD  # off: as before
+    queued = obs(missed_bytes=50 * MB, line_busy_fraction=0.1, lane_queued=(200 * MB,))
+    assert decide(on, queued).predicted_wan_s == pytest.approx(1.02)  # the queue ahead dominates
+    assert decide(on, obs(missed_bytes=50 * MB, line_busy_fraction=1.0)).predicted_wan_s == pytest.approx(50.02)
+
+
 def test_no_relay_on_a_busy_p():
     o = obs(missed_bytes=500 * MB, p_wait_s=1.5)
     d = decide(NeverLoseConfig(p_slack_s=1.0), o)
