@@ -44,10 +44,16 @@ def tp2_reference(server_group, mla_model, pdd):
 
 
 def test_the_tp2_server_gives_the_tp1_servers_tokens(tp2_reference, mla_reference, mla_prompts):
+    """With its negative control: the TP 1 server on the same prompt with one token changed early on
+    gives other tokens, and the same comparison fails."""
     for n, seed in ((300, 1501), (220, 1502)):
         ids = mla_prompts.ids(n, seed=seed)
         tp2 = identity.reference(tp2_reference.url, ids, 64)
         identity.check(identity.reference(mla_reference.url, ids, 64), tp2.tokens, f"MLA TP 2 vs TP 1 ({n} tokens)")
+    other = list(ids)
+    other[3] = next(t for t in ids[4:] if t != ids[3])  # a token of the vocabulary, another one
+    with pytest.raises(AssertionError, match="diverges from the single server"):
+        identity.check(identity.reference(mla_reference.url, other, 64), tp2.tokens, "MLA TP 2 vs TP 1 control")
 
 
 def test_one_shot_and_catch_up_handoffs_are_a_single_mla_servers(pdd, tp2_reference, mla_prompts):
