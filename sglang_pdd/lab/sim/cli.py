@@ -79,6 +79,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="--scenario never-lose and kv-format: comma-separated seeds (workload and line "
                          "jitter on the paper workload; line jitter on a --trace) (default: 0,1,2 for "
                          "never-lose, 0 for kv-format)")
+    ap.add_argument("--relay", choices=("colocated", "dedicated"), default="colocated",
+                    help="--scenario never-lose: the relay on P sharing its KV pool (default), or the "
+                         "paper's RLD pool of its own, billed (docs/sim.md §9)")
     ap.add_argument("--export-trace", metavar="TRACE.jsonl",
                     help="write the paper-scale workload (at --load req/s) as a JSONL trace and exit")
     ap.add_argument("--plots", metavar="DIR", help="write PNG plots (needs matplotlib)")
@@ -115,7 +118,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         tr = load_trace(args.trace, _mooncake_options(ap, args)) if args.trace else None
         load = "the trace's own rate" if tr else "16 req/s"
         print((tr.description + "\n") if tr else "", end="")
-        print(never_lose_report(run_never_lose(s, seeds, tr), load))
+        print(never_lose_report(run_never_lose(s, seeds, tr, relay=args.relay), load))
     elif args.scenario == "kv-format":
         names = args.models.split(",")
         if unknown := [n for n in names if n not in MODELS]:

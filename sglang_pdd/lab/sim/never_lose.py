@@ -19,6 +19,7 @@ from typing import ClassVar, Optional
 from sglang_pdd.policy.busy_fraction import BusyFraction
 from sglang_pdd.policy.peer_choice import Candidate
 from sglang_pdd.policy.pipeline import Pipeline
+from sglang_pdd.lab.sim.cluster import Cluster
 from sglang_pdd.lab.sim.colocated_relay import ColocatedCluster, ColocatedRelaySpec
 from sglang_pdd.lab.sim.cost_model import Chunk
 from sglang_pdd.lab.sim.lane import LineRateEstimator
@@ -31,16 +32,14 @@ from sglang_pdd.lab.sim.systems import PoolSpec, SystemSpec
 from sglang_pdd.lab.workload.request import WorkloadRequest
 
 
-class NeverLoseCluster(ColocatedCluster):
-    def __init__(self, spec, model, eff, *a, **kw):
-        super().__init__(spec, model, eff, *a, **kw)
-        for p, r in zip(self.P, self.R):  # undo the static split: the pool is shared
-            pool_memory(p, r, p.capacity + r.capacity)
+class NeverLoseRouting:
+    """The never-lose route over a `Cluster`: mixed into the co-located and the dedicated variant."""
+
+    def _init_routing(self, spec, raw_cost, relay_slowdown: float) -> None:
         self.line = LineRateEstimator(spec.wan.bytes_per_s * 0.5)
         c = spec.chunk_size
-        raw = self.P[0].cost.cost  # P's own rate, not slowed by its relay side
-        self.p_tokens_per_s = c / raw.prefill_step_s([Chunk(c, 0)])
-        self.rules = replace(spec.rules, relay_slowdown=spec.prefill_factor)
+        self.p_tokens_per_s = c / raw_cost.prefill_step_s([Chunk(c, 0)])  # P's own rate, not slowed
+        self.rules = replace(spec.rules, relay_slowdown=relay_slowdown)
         tau = spec.busy_tau_s if spec.busy_tau_s is not None else max(2 * spec.rules.wan_budget_s, 1.0)
         self.p_busy = [BusyFraction(tau) for _ in self.P]
         self.line_busy = BusyFraction(tau)
@@ -101,6 +100,24 @@ class NeverLoseCluster(ColocatedCluster):
         self.wan.start(nbytes, lambda tr: self.drc[d].insert_prompt(w))
 
 
+class NeverLoseCluster(NeverLoseRouting, ColocatedCluster):
+    """The relay co-located on P, sharing P's KV pool; relaying slows P by `prefill_factor`."""
+
+    def __init__(self, spec, model, eff, *a, **kw):
+        super().__init__(spec, model, eff, *a, **kw)
+        for p, r in zip(self.P, self.R):  # undo the static split: the pool is shared
+            pool_memory(p, r, p.capacity + r.capacity)
+        self._init_routing(spec, self.P[0].cost.cost, spec.prefill_factor)
+
+
+class DedicatedNeverLoseCluster(NeverLoseRouting, Cluster):
+    """The relay on a pool of its own (billed): relaying does not slow P (slowdown 1)."""
+
+    def __init__(self, spec, model, eff, *a, **kw):
+        super().__init__(spec, model, eff, *a, **kw)
+        self._init_routing(spec, self.P[0].cost, 1.0)
+
+
 @dataclass(frozen=True)
 class NeverLoseSpec(ColocatedRelaySpec):
     rules: NeverLoseConfig = field(default_factory=NeverLoseConfig)
@@ -111,6 +128,14 @@ class NeverLoseSpec(ColocatedRelaySpec):
     cluster_class: ClassVar[type] = NeverLoseCluster
 
 
+@dataclass(frozen=True)
+class DedicatedNeverLoseSpec(SystemSpec):
+    rules: NeverLoseConfig = field(default_factory=NeverLoseConfig)
+    busy_tau_s: Optional[float] = None
+
+    cluster_class: ClassVar[type] = DedicatedNeverLoseCluster
+
+
 def never_lose_system(base: SystemSpec, name: str = "pdd-never-lose",
                       rules: NeverLoseConfig = NeverLoseConfig(), **kw) -> NeverLoseSpec:
     """`base` (a PDD spec: its pools, line and handoff) with the relay co-located on P and the
@@ -119,3 +144,11 @@ def never_lose_system(base: SystemSpec, name: str = "pdd-never-lose",
     p = base.prefill
     args.update(name=name, relay=PoolSpec(p.chip, p.instances, p.chips_per_instance))
     return NeverLoseSpec(**args, rules=rules, **kw)
+
+
+def dedicated_never_lose_system(base: SystemSpec, name: str = "pdd-never-lose-dedicated",
+                                rules: NeverLoseConfig = NeverLoseConfig(), **kw) -> DedicatedNeverLoseSpec:
+    """`base` (a PDD spec with its RLD pool, billed) with the never-lose routing."""
+    args = {f.name: getattr(base, f.name) for f in fields(SystemSpec)}
+    args.update(name=name)
+    return DedicatedNeverLoseSpec(**args, rules=rules, **kw)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from sglang_pdd.lab.sim.goodput import max_goodput, search_goodput
-from sglang_pdd.lab.sim.never_lose import never_lose_system
+from sglang_pdd.lab.sim.never_lose import dedicated_never_lose_system, never_lose_system
 from sglang_pdd.lab.sim.never_lose_rules import NeverLoseConfig
 from sglang_pdd.lab.sim.paper import PaperSetting, pdd_specs
 from sglang_pdd.lab.sim.relay_regimes import REGIMES, Regime
@@ -22,12 +22,16 @@ from sglang_pdd.lab.sim.trace_run import LoadedTrace, replay
 SYSTEMS = ("xdc-pd-drc", "pdd-never-lose")
 
 
-def compared_specs(s: PaperSetting) -> list:
+RELAYS = {"colocated": never_lose_system, "dedicated": dedicated_never_lose_system}
+
+
+def compared_specs(s: PaperSetting, relay: str = "colocated") -> list:
     """xdc-pd-drc, and pdd-never-lose relaying only what would spend over half the TTFT SLA
-    on the line (the SLA is the operator's, so the router knows it)."""
+    on the line (the SLA is the operator's, so the router knows it); its relay co-located on P, or
+    pdd-bw's RLD pool (`relay="dedicated"`)."""
     specs = {sp.name: sp for sp in pdd_specs(s)}
     rules = NeverLoseConfig(wan_budget_s=s.sla.ttft_s / 2)
-    return [specs["xdc-pd-drc"], never_lose_system(specs["pdd-bw"], rules=rules)]
+    return [specs["xdc-pd-drc"], RELAYS[relay](specs["pdd-bw"], name=SYSTEMS[1], rules=rules)]
 
 
 @dataclass
@@ -44,8 +48,8 @@ def _cell(g, at_load) -> Cell:
 
 
 def run_never_lose(s: PaperSetting, seeds: Sequence[int], tr: Optional[LoadedTrace] = None,
-                   regimes: Sequence[Regime] = REGIMES, probe_rate: float = 16.0, lo: Optional[float] = None
-                   ) -> dict[tuple[str, int, str], Cell]:
+                   regimes: Sequence[Regime] = REGIMES, probe_rate: float = 16.0, lo: Optional[float] = None,
+                   relay: str = "colocated") -> dict[tuple[str, int, str], Cell]:
     """{(regime, seed, system): Cell} on the paper workload, or on `tr` when given; the goodput search
     starts at `lo` req/s (default: half the probe rate)."""
     out = {}
@@ -53,7 +57,7 @@ def run_never_lose(s: PaperSetting, seeds: Sequence[int], tr: Optional[LoadedTra
         for seed in seeds:
             st = replace(s, wan=replace(rg.wan(s.wan), seed=seed),
                          workload=replace(s.workload, seed=seed))
-            for spec in compared_specs(st):
+            for spec in compared_specs(st, relay):
                 if tr is None:
                     g = max_goodput(spec, st.model, st.workload, st.sla, lo=lo or probe_rate / 2,
                                     iters=st.goodput_iters, eff=st.eff)

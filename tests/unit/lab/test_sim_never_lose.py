@@ -13,10 +13,11 @@ from sglang_pdd.lab.sim.engine import EventLoop
 from sglang_pdd.lab.sim.hardware import Efficiency
 from sglang_pdd.lab.sim.lane import LineRateEstimator, shared_finish_s
 from sglang_pdd.lab.sim.metrics import Sla
-from sglang_pdd.lab.sim.never_lose import NeverLoseCluster, never_lose_system
+from sglang_pdd.lab.sim.never_lose import (DedicatedNeverLoseCluster, NeverLoseCluster, dedicated_never_lose_system,
+                                           never_lose_system)
 from sglang_pdd.lab.sim.never_lose_rules import NeverLoseConfig, Observation, decide
 from sglang_pdd.lab.sim.never_lose_run import compared_specs
-from sglang_pdd.lab.sim.paper import PaperSetting
+from sglang_pdd.lab.sim.paper import PaperSetting, pdd_specs
 from sglang_pdd.lab.sim.prefill import PrefillJob
 from sglang_pdd.lab.sim.presets import TINY_MODEL, tiny_system, tiny_workload
 from sglang_pdd.lab.sim.relay_regimes import REGIMES
@@ -332,3 +333,22 @@ def test_the_scenario_budgets_half_the_ttft_sla():
     drc, nl = compared_specs(replace(s, sla=replace(s.sla, ttft_s=3.0)))
     assert drc.name == "xdc-pd-drc" and nl.name == "pdd-never-lose"
     assert nl.rules.wan_budget_s == 1.5 and nl.price_per_hour == drc.price_per_hour
+
+
+def test_the_dedicated_variant_bills_its_pool_and_relaying_does_not_slow_p(reqs):
+    """`--relay dedicated`: pdd-bw's RLD pool, billed; the same rules with slowdown 1 (the headroom rule
+    never fires); P's steps are never slowed; on a congested line it relays and everything finishes once."""
+    base = tiny_system("pdd-bw", wan=CONGESTED)
+    ded = dedicated_never_lose_system(base)
+    assert ded.price_per_hour == base.price_per_hour > tiny_system("xdc-pd-drc", wan=CONGESTED).price_per_hour
+    res = _run(ded, reqs)
+    c = res.cluster
+    assert isinstance(c, DedicatedNeverLoseCluster) and c.rules.relay_slowdown == 1.0
+    assert not hasattr(c.P[0].cost, "slowed_steps")  # P's own cost model, no co-located relay side
+    assert any(r.pipeline != "P->MD" for r in res.records)
+    assert not any("no relay: P busy" in r.route_reason for r in res.records)
+    assert all(r.finished for r in res.records) and set(c.finish_count.values()) == {1}
+    assert all(d.used == 0 for d in c.D + c.R) and all(p.used == 0 for p in c.P)
+    drc, nl = compared_specs(PaperSetting(), relay="dedicated")
+    bw = {sp.name: sp for sp in pdd_specs(PaperSetting())}["pdd-bw"]
+    assert nl.name == "pdd-never-lose" and nl.relay == bw.relay and nl.price_per_hour == bw.price_per_hour
