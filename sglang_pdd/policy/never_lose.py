@@ -14,11 +14,14 @@ observes, and each can be switched off (for the tests and the ablation):
 3. `slack_admission`: a relay is admitted only when the prefilling P has slack: its queue drains
    within `p_slack_s` (by default 0: only an idle P relays). Otherwise the request goes P->MD: a
    busy P slowed by relaying costs every request queued on it, the relay saves one.
-   `headroom_admission`: nor when P, slowed by its relay side (`relay_slowdown`: a P that hosts the
-   relay prefills that many times slower while the relay decodes; 1 for a dedicated RLD), could not
-   keep up with its recent work: recent busy fraction x slowdown > 1 (`policy.busy_fraction`). An
-   idle P at the moment of arrival can still be a P that is busy most of the time; relaying there
-   builds a queue behind the relay that costs more requests than the relay saves.
+   `headroom_admission`: nor when relaying would cost P's other requests more waiting than it saves
+   the relayed one. A P that hosts the relay prefills `relay_slowdown` times slower while the relay
+   decodes (1 for a dedicated RLD). An idle P at the moment of arrival can still be busy most of
+   the time (`p_busy_fraction`, `policy.busy_fraction`); over the T seconds the relay runs, its load
+   goes from rho to rho x slowdown, and each of the rho x T / S requests that arrive meanwhile (S: a
+   prefill's service time) waits S x (W(rho x slowdown) - W(rho)) longer, W(x) = x / (1 - x) (an
+   M/M/1 queue's mean wait in service times). The relay saves its own request about T. So it is
+   admitted when rho x (W(rho x slowdown) - W(rho)) <= 1: no setting of its own, and T and S cancel.
 4. Odd traffic (output < `odd_output_threshold`, decode shorter than the WAN time) finishes on
    the relay (P->RLD); everything else relayed is P->RLD->MD.
 5. `warm_md`: an odd (P->RLD) request still sends its prompt's missed KV to MD in the background
@@ -28,6 +31,7 @@ observes, and each can be switched off (for the tests and the ablation):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -93,6 +97,17 @@ def line_has_room(cfg: NeverLoseConfig, obs: Observation) -> bool:
     return sum(obs.lane_queued) <= obs.line_bytes_per_s * cfg.wan_budget_s
 
 
+def relay_wait_cost(busy: float, slowdown: float) -> float:
+    """Waiting the relay adds to P's other requests per second of waiting it saves its own
+    (`headroom_admission`): rho x (W(rho x slowdown) - W(rho)), W(x) = x / (1 - x); inf when the slowed
+    P could not keep up at all."""
+    rho = min(max(busy, 0.0), 1.0)
+    slowed = rho * slowdown
+    if slowed >= 1.0:
+        return math.inf
+    return rho * (slowed / (1.0 - slowed) - rho / (1.0 - rho))
+
+
 def decide(cfg: NeverLoseConfig, obs: Observation) -> Decision:
     wan = predict_wan_s(cfg, obs)
     if wan <= cfg.wan_budget_s:
@@ -100,9 +115,10 @@ def decide(cfg: NeverLoseConfig, obs: Observation) -> Decision:
     if cfg.slack_admission and obs.p_wait_s > cfg.p_slack_s:
         return Decision(Pipeline.P_MD, f"no relay: P's queue {obs.p_wait_s:.2f}s > slack "
                         f"{cfg.p_slack_s}s (WAN {wan:.2f}s)", wan)
-    if cfg.headroom_admission and obs.p_busy_fraction * cfg.relay_slowdown > 1.0:
-        return Decision(Pipeline.P_MD, f"no relay: P busy {obs.p_busy_fraction:.0%} of the time, "
-                        f"x {cfg.relay_slowdown:.3g} while relaying is over 100 % (WAN {wan:.2f}s)", wan)
+    cost = relay_wait_cost(obs.p_busy_fraction, cfg.relay_slowdown) if cfg.headroom_admission else 0.0
+    if cost > 1.0:
+        return Decision(Pipeline.P_MD, f"no relay: P busy {obs.p_busy_fraction:.0%}, x {cfg.relay_slowdown:.3g} "
+                        f"while relaying: the others would wait {cost:.3g}x what it saves (WAN {wan:.2f}s)", wan)
     decode_s = obs.output_tokens * obs.rld_tpot_s
     if obs.output_tokens < cfg.odd_output_threshold and decode_s < wan:
         warm = cfg.warm_md and line_has_room(cfg, obs)

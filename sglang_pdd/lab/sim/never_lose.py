@@ -23,6 +23,7 @@ from sglang_pdd.lab.sim.cluster import Cluster
 from sglang_pdd.lab.sim.colocated_relay import ColocatedCluster, ColocatedRelaySpec
 from sglang_pdd.lab.sim.cost_model import Chunk
 from sglang_pdd.lab.sim.lane import LineRateEstimator
+from sglang_pdd.lab.sim.mixed_batch_relay import mixed_slowdown, ride_on_prefill
 from sglang_pdd.lab.sim.never_lose_rules import Decision, NeverLoseConfig, Observation, decide
 from sglang_pdd.lab.sim.prefill import PrefillJob
 from sglang_pdd.lab.sim.records import RequestRecord
@@ -101,13 +102,20 @@ class NeverLoseRouting:
 
 
 class NeverLoseCluster(NeverLoseRouting, ColocatedCluster):
-    """The relay co-located on P, sharing P's KV pool; relaying slows P by `prefill_factor`."""
+    """The relay co-located on P, sharing P's KV pool. `relay_batching` "mixed": it decodes in P's own
+    batches, prefill first (`mixed_batch_relay`; the headroom rule reads `mixed_slowdown`);
+    "partition": an SM partition, every prefill step `prefill_factor` as long while it decodes."""
 
-    def __init__(self, spec, model, eff, *a, **kw):
-        super().__init__(spec, model, eff, *a, **kw)
+    def __init__(self, spec, model, eff, context_tokens: int = 65_000, *a, **kw):
+        super().__init__(spec, model, eff, context_tokens, *a, **kw)
+        raw = self.P[0].cost.cost  # P's own cost model, under the partition's slowdown
         for p, r in zip(self.P, self.R):  # undo the static split: the pool is shared
             pool_memory(p, r, p.capacity + r.capacity)
-        self._init_routing(spec, self.P[0].cost.cost, spec.prefill_factor)
+            if spec.relay_batching == "mixed":
+                ride_on_prefill(p, r, p.cost.cost, self.loop)
+        slowdown = (spec.prefill_factor if spec.relay_batching == "partition"
+                    else mixed_slowdown(raw, spec.chunk_size, context_tokens))
+        self._init_routing(spec, raw, slowdown)
 
 
 class DedicatedNeverLoseCluster(NeverLoseRouting, Cluster):
@@ -124,8 +132,14 @@ class NeverLoseSpec(ColocatedRelaySpec):
     # P's busy fraction averages over this (s); None: twice the WAN budget, i.e. the TTFT SLA when the
     # budget is half of it (the horizon over which a slowed P costs other requests their SLA)
     busy_tau_s: Optional[float] = None
+    relay_batching: str = "mixed"  # or "partition" (§7's SM split)
 
     cluster_class: ClassVar[type] = NeverLoseCluster
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.relay_batching not in ("mixed", "partition"):
+            raise ValueError(f"{self.name}: relay_batching must be mixed or partition, got {self.relay_batching!r}")
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ workload's and the line's jitter seed; on a trace (fixed arrivals) it is the lin
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Optional, Sequence
 
 from sglang_pdd.lab.sim.goodput import max_goodput, search_goodput
@@ -22,13 +23,15 @@ from sglang_pdd.lab.sim.trace_run import LoadedTrace, replay
 SYSTEMS = ("xdc-pd-drc", "pdd-never-lose")
 
 
-RELAYS = {"colocated": never_lose_system, "dedicated": dedicated_never_lose_system}
+RELAYS = {"mixed": partial(never_lose_system, relay_batching="mixed"),
+          "partition": partial(never_lose_system, relay_batching="partition"),
+          "dedicated": dedicated_never_lose_system}
 
 
-def compared_specs(s: PaperSetting, relay: str = "colocated") -> list:
+def compared_specs(s: PaperSetting, relay: str = "mixed") -> list:
     """xdc-pd-drc, and pdd-never-lose relaying only what would spend over half the TTFT SLA
-    on the line (the SLA is the operator's, so the router knows it); its relay co-located on P, or
-    pdd-bw's RLD pool (`relay="dedicated"`)."""
+    on the line (the SLA is the operator's, so the router knows it); its relay on P (decoding in P's
+    batches, or on an SM partition of P), or pdd-bw's RLD pool (`relay="dedicated"`)."""
     specs = {sp.name: sp for sp in pdd_specs(s)}
     rules = NeverLoseConfig(wan_budget_s=s.sla.ttft_s / 2)
     return [specs["xdc-pd-drc"], RELAYS[relay](specs["pdd-bw"], name=SYSTEMS[1], rules=rules)]
@@ -49,7 +52,7 @@ def _cell(g, at_load) -> Cell:
 
 def run_never_lose(s: PaperSetting, seeds: Sequence[int], tr: Optional[LoadedTrace] = None,
                    regimes: Sequence[Regime] = REGIMES, probe_rate: float = 16.0, lo: Optional[float] = None,
-                   relay: str = "colocated") -> dict[tuple[str, int, str], Cell]:
+                   relay: str = "mixed") -> dict[tuple[str, int, str], Cell]:
     """{(regime, seed, system): Cell} on the paper workload, or on `tr` when given; the goodput search
     starts at `lo` req/s (default: half the probe rate)."""
     out = {}

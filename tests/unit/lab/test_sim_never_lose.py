@@ -9,6 +9,7 @@ from sglang_pdd.policy.pipeline import Pipeline
 from sglang_pdd.lab.workload.generator import generate, measured
 from sglang_pdd.lab.sim.cli import main
 from sglang_pdd.lab.sim.cluster import Cluster
+from sglang_pdd.lab.sim.cost_model import Chunk
 from sglang_pdd.lab.sim.engine import EventLoop
 from sglang_pdd.lab.sim.hardware import Efficiency
 from sglang_pdd.lab.sim.lane import LineRateEstimator, shared_finish_s
@@ -110,14 +111,21 @@ def test_no_relay_on_a_busy_p():
     assert decide(NeverLoseConfig(p_slack_s=2.0), o).pipeline is Pipeline.P_RLD_MD
 
 
-def test_no_relay_where_the_slowed_p_could_not_keep_up():
-    """An idle P at arrival that was busy 80 % of the recent time: slowed 1.375x by its relay side it
-    would need 110 % of the time, so the near miss goes P->MD. At 70 % (96 %) it relays; a dedicated
-    RLD (slowdown 1) relays on any P with slack; the rule can be switched off."""
+def test_no_relay_where_the_others_would_wait_more_than_the_relay_saves():
+    """An idle P at arrival, slowed 1.375x while its relay side decodes. Busy 40 % of the recent time:
+    the others' added wait is 0.22x what the relay saves, it relays. Busy 60 %: 1.93x, P->MD. Busy
+    80 %: the slowed P could not keep up (110 %), P->MD. A dedicated RLD (slowdown 1) adds no wait; the
+    rule can be switched off."""
+    from sglang_pdd.policy.never_lose import relay_wait_cost
+
+    assert relay_wait_cost(0.4, 1.375) == pytest.approx(0.4 * (0.55 / 0.45 - 0.4 / 0.6))
+    assert relay_wait_cost(0.6, 1.375) == pytest.approx(0.6 * (0.825 / 0.175 - 0.6 / 0.4))
+    assert relay_wait_cost(0.8, 1.375) == float("inf") and relay_wait_cost(0.99, 1.0) == 0.0
     cfg = NeverLoseConfig(relay_slowdown=1.375)
-    d = decide(cfg, obs(missed_bytes=500 * MB, p_busy_fraction=0.8))
-    assert d.pipeline is Pipeline.P_MD and "busy 80%" in d.reason
-    assert decide(cfg, obs(missed_bytes=500 * MB, p_busy_fraction=0.7)).pipeline is Pipeline.P_RLD_MD
+    assert decide(cfg, obs(missed_bytes=500 * MB, p_busy_fraction=0.4)).pipeline is Pipeline.P_RLD_MD
+    d = decide(cfg, obs(missed_bytes=500 * MB, p_busy_fraction=0.6))
+    assert d.pipeline is Pipeline.P_MD and "busy 60%" in d.reason and "1.93x" in d.reason
+    assert decide(cfg, obs(missed_bytes=500 * MB, p_busy_fraction=0.8)).pipeline is Pipeline.P_MD
     assert decide(NeverLoseConfig(), obs(missed_bytes=500 * MB, p_busy_fraction=0.99)).pipeline is Pipeline.P_RLD_MD
     off = replace(cfg, headroom_admission=False)
     assert decide(off, obs(missed_bytes=500 * MB, p_busy_fraction=0.8)).pipeline is Pipeline.P_RLD_MD
@@ -198,10 +206,10 @@ def test_slack_admission_keeps_busy_ps_from_relaying():
 
 
 def test_headroom_admission_reads_each_ps_busy_fraction(reqs):
-    """The cluster's rules carry its P's slowdown while relaying (the deployment's own
+    """On an SM partition the cluster's rules carry its P's slowdown while relaying (the deployment's own
     `prefill_factor`), and the route reads the chosen P's busy fraction from that P's counter: a P
     busy 90 % of the last seconds does not relay a near miss, the idle other P does."""
-    spec = never_lose_system(tiny_system("pdd-bw", wan=CONGESTED))
+    spec = never_lose_system(tiny_system("pdd-bw", wan=CONGESTED), relay_batching="partition")
     c = NeverLoseCluster(spec, TINY_MODEL, Efficiency(), context_tokens=typical_context(reqs))
     assert c.rules.relay_slowdown == pytest.approx(spec.prefill_factor) and spec.prefill_factor > 1.0
     w = max(measured(reqs), key=lambda r: r.input_len)  # its whole prompt misses MD: over the budget
@@ -352,3 +360,41 @@ def test_the_dedicated_variant_bills_its_pool_and_relaying_does_not_slow_p(reqs)
     drc, nl = compared_specs(PaperSetting(), relay="dedicated")
     bw = {sp.name: sp for sp in pdd_specs(PaperSetting())}["pdd-bw"]
     assert nl.name == "pdd-never-lose" and nl.relay == bw.relay and nl.price_per_hour == bw.price_per_hour
+
+
+# ----- the relay decoding in P's batches (the default) -----
+
+def test_a_mixed_batch_relay_rides_on_ps_steps_and_decodes_alone_when_p_is_idle(reqs):
+    """`relay_batching="mixed"`: P's step carries the relay's decode step (its time added, not a factor);
+    a relay step while P runs one ends with it; with P idle the relay decodes at its own pace. The
+    headroom rule reads the step's slowdown with one relayed decode riding on it (above 1, below the
+    partition's). On a congested line it relays and everything finishes."""
+    from sglang_pdd.lab.sim.mixed_batch_relay import MixedPrefillCost, RidingRelayCost, mixed_slowdown
+
+    spec = never_lose_system(tiny_system("pdd-bw", wan=CONGESTED))
+    assert spec.relay_batching == "mixed"
+    c = NeverLoseCluster(spec, TINY_MODEL, Efficiency(), context_tokens=typical_context(reqs))
+    p, r = c.P[0], c.R[0]
+    assert isinstance(p.cost, MixedPrefillCost) and isinstance(r.cost, RidingRelayCost)
+    raw = p.cost.cost
+    slow = mixed_slowdown(raw, spec.chunk_size, typical_context(reqs))
+    assert c.rules.relay_slowdown == pytest.approx(slow) and 1.0 < slow < spec.prefill_factor
+    chunk = [Chunk(512, 0)]
+    assert p.cost.prefill_step_s(chunk) == pytest.approx(raw.prefill_step_s(chunk))  # no relay running
+    r.join("x", 1000, 50, lambda k: None)
+    with_relay = p.cost.prefill_step_s(chunk)
+    assert with_relay == pytest.approx(raw.prefill_step_s(chunk) + raw.decode_step_s(1, 1000))
+    assert with_relay < raw.prefill_step_s(chunk) * spec.prefill_factor
+    p.busy = True  # P's step (just planned above) is in flight: the relay's token comes with it
+    assert r.cost.decode_step_s(1, 1000) == pytest.approx(max(with_relay, raw.decode_step_s(1, 1000)))
+    p.busy = False
+    assert r.cost.decode_step_s(1, 1000) == pytest.approx(raw.decode_step_s(1, 1000))
+    res = _run(never_lose_system(tiny_system("pdd-bw", wan=CONGESTED)), reqs)
+    assert any(x.pipeline != "P->MD" for x in res.records)
+    assert all(x.finished for x in res.records) and set(res.cluster.finish_count.values()) == {1}
+    assert all(d.used == 0 for d in res.cluster.D + res.cluster.R) and all(q.used == 0 for q in res.cluster.P)
+
+
+def test_relay_batching_is_mixed_or_partition():
+    with pytest.raises(ValueError, match="relay_batching"):
+        never_lose_system(tiny_system("pdd-bw", wan=CONGESTED), relay_batching="green")
