@@ -249,7 +249,8 @@ def test_an_idle_request_counts_against_its_peer_only_when_the_peer_answered_nob
     async def go():
         async with fu.FakeCluster() as cl:
             cl.main.behaviour = _hang_or_stream
-            async with router(cl, config(idle_s=0.5, migration_limit=0)) as (c, d):
+            # 1.5 s: a loaded box must not stall the busy stream past it (the late-prefill test's 0.5 s did once)
+            async with router(cl, config(idle_s=1.5, migration_limit=0)) as (c, d):
                 busy = None
                 if others:
                     busy = await c.post("/generate", json={"input_ids": [2, 3], "stream": True,
@@ -262,7 +263,7 @@ def test_an_idle_request_counts_against_its_peer_only_when_the_peer_answered_nob
                 return got
 
     status, text, failures = run(go())
-    assert status == 504 and "main: no output for 0.5s" in text
+    assert status == 504 and "main: no output for 1.5s" in text
     assert failures == (0 if others else 1)
 
 
