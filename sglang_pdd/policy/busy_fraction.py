@@ -2,7 +2,8 @@
 
 A deployment observes it without asking anyone: sglang's prefill scheduler counts its forward
 time, and the simulator's `PrefillInstance.busy_s` is the same counter. The never-lose decision
-(`policy.never_lose`) reads it to see whether a P could still keep up if relaying slowed it.
+(`policy.never_lose`) reads it to weigh the waiting a relay that slows P would add to P's other
+requests against the waiting it saves (`relay_wait_cost`).
 
 The estimate is an exponential moving average of busy time over wall time with time constant
 `tau_s`, fed with samples at any spacing: a sample `dt` after the last weighs `1 - exp(-dt / tau)`.

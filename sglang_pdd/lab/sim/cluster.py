@@ -69,6 +69,7 @@ class Cluster(RelayFlow):
     def __init__(self, spec: SystemSpec, model: ModelSpec, eff: Efficiency = Efficiency(),
                  context_tokens: int = 65_000, tpot_target_s: float = 0.1):
         self.spec, self.model, self.loop = spec, model, EventLoop()
+        self.context_tokens = context_tokens  # the typical context the batches are sized for
         self.kv = model.kv_bytes_per_token
         lp = self.loop
 

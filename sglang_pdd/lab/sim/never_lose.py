@@ -2,13 +2,15 @@
 
 The relay is co-located on P (`colocated_relay`: no RLD pool is billed) and shares P's KV pool
 instead of a static share of it. MD is chosen as xdc-pd-drc chooses it. So where nothing is
-relayed the deployment is cross-DC PD with DRC, request for request. The compute split is
-`colocated_relay`'s (`share`, `interference`, only while the relay side decodes). The route
-follows `never_lose_rules`: queue-aware WAN prediction, relay admission from the prefilling P's
-slack and headroom (its recent busy fraction times the slowdown its relay side causes, which the
-deployment knows: `prefill_factor`), odd traffic on the relay, and MD kept warm by background prompt
-transfers when the line has room. The P is chosen before the route, so the route reads the P that
-will host the relay.
+relayed the deployment is cross-DC PD with DRC, request for request. The relay decodes in P's own
+batches (`mixed_batch_relay`, the default) or on `colocated_relay`'s SM partition (`share`,
+`interference`, only while the relay side decodes). The route follows `never_lose_rules`: queue-aware
+WAN prediction, relay admission from the prefilling P's slack and headroom (the waiting a relay adds
+to P's other requests, from P's recent busy fraction and the slowdown its relay causes, which the
+deployment knows: `mixed_slowdown` or `prefill_factor`), odd traffic on the relay, and MD kept warm
+by background prompt transfers when the line has room. The P is chosen before the route, so the route
+reads the P that will host the relay. `DedicatedNeverLoseCluster` runs the same route with a relay
+pool of its own.
 """
 
 from __future__ import annotations
@@ -106,15 +108,15 @@ class NeverLoseCluster(NeverLoseRouting, ColocatedCluster):
     batches, prefill first (`mixed_batch_relay`; the headroom rule reads `mixed_slowdown`);
     "partition": an SM partition, every prefill step `prefill_factor` as long while it decodes."""
 
-    def __init__(self, spec, model, eff, context_tokens: int = 65_000, *a, **kw):
-        super().__init__(spec, model, eff, context_tokens, *a, **kw)
+    def __init__(self, spec, model, eff, *a, **kw):
+        super().__init__(spec, model, eff, *a, **kw)
         raw = self.P[0].cost.cost  # P's own cost model, under the partition's slowdown
         for p, r in zip(self.P, self.R):  # undo the static split: the pool is shared
             pool_memory(p, r, p.capacity + r.capacity)
             if spec.relay_batching == "mixed":
                 ride_on_prefill(p, r, p.cost.cost, self.loop)
         slowdown = (spec.prefill_factor if spec.relay_batching == "partition"
-                    else mixed_slowdown(raw, spec.chunk_size, context_tokens))
+                    else mixed_slowdown(raw, spec.chunk_size, self.context_tokens))
         self._init_routing(spec, raw, slowdown)
 
 
