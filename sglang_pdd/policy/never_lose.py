@@ -101,6 +101,8 @@ def relay_wait_cost(busy: float, slowdown: float) -> float:
     """Waiting the relay adds to P's other requests per second of waiting it saves its own
     (`headroom_admission`): rho x (W(rho x slowdown) - W(rho)), W(x) = x / (1 - x); inf when the slowed
     P could not keep up at all."""
+    if slowdown <= 1.0:
+        return 0.0  # a relay that does not slow P (a dedicated RLD) adds no wait, even to a saturated P
     rho = min(max(busy, 0.0), 1.0)
     slowed = rho * slowdown
     if slowed >= 1.0:

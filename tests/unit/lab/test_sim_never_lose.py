@@ -121,6 +121,7 @@ def test_no_relay_where_the_others_would_wait_more_than_the_relay_saves():
     assert relay_wait_cost(0.4, 1.375) == pytest.approx(0.4 * (0.55 / 0.45 - 0.4 / 0.6))
     assert relay_wait_cost(0.6, 1.375) == pytest.approx(0.6 * (0.825 / 0.175 - 0.6 / 0.4))
     assert relay_wait_cost(0.8, 1.375) == float("inf") and relay_wait_cost(0.99, 1.0) == 0.0
+    assert relay_wait_cost(1.0, 1.0) == 0.0  # a saturated P behind a dedicated RLD: still no added wait
     cfg = NeverLoseConfig(relay_slowdown=1.375)
     assert decide(cfg, obs(missed_bytes=500 * MB, p_busy_fraction=0.4)).pipeline is Pipeline.P_RLD_MD
     d = decide(cfg, obs(missed_bytes=500 * MB, p_busy_fraction=0.6))
