@@ -117,7 +117,7 @@ def reference_server(private_netns, tiny_model, log_dir):
     from sglang_pdd.lab.testing.launch_args import ServerConfig
     from sglang_pdd.lab.testing.servers import ServerGroup
 
-    ss = ServerGroup(log_dir)
+    ss = ServerGroup(log_dir, grace_s=0)
     s = ss.start("reference", ServerConfig(model=tiny_model, port=30000, nccl_port=31000,
                                                 extra=["--pdd-seeded-sampling", "on"]))
     try:
@@ -149,7 +149,7 @@ def mla_reference(private_netns, mla_model, log_dir):
     from tests.e2e.mla_cluster import start_reference
     from sglang_pdd.lab.testing.servers import ServerGroup
 
-    ss = ServerGroup(log_dir)
+    ss = ServerGroup(log_dir, grace_s=0)
     try:
         yield start_reference(ss, mla_model, 32009).wait_ready()
     finally:
@@ -161,7 +161,7 @@ def server_group(private_netns, log_dir):
     """Servers of one test module, stopped when the module is done (keeps memory use bounded)."""
     from sglang_pdd.lab.testing.servers import ServerGroup
 
-    with ServerGroup(log_dir) as group:
+    with ServerGroup(log_dir, grace_s=0) as group:  # killed at the end: no test watches it go
         yield group
 
 

@@ -74,7 +74,7 @@ class Fanout:
 
 
 def start_fanout(log_dir: str, model: str, *, page_size: int, base: int, boot: int, prefill_chunk: int = -1):
-    group = ServerGroup(log_dir)
+    group = ServerGroup(log_dir, grace_s=0)
     knobs = os.path.join(log_dir, f"fanout-knobs-{base}.json")
     common = dict(model=model, bootstrap_port=boot, page_size=page_size)
     p = group.start(f"fanout-prefill-{base}", ServerConfig(

@@ -72,7 +72,7 @@ class PddRouted(UpstreamPD):
         a, b = tb.addr("A"), tb.addr("B")
         env = {"SGLANG_PDD_SECRET": secrets.token_hex(16)}
         common = dict(model=dep.model, bootstrap_port=BOOTSTRAP_PORT, env=env)
-        g = self._group = ServerGroup(dep.log_dir)
+        g = self._group = ServerGroup(dep.log_dir, grace_s=0)  # killed between systems
         p = self._prefill = g.start("prefill", dep.server(ServerConfig(
             port=PREFILL_PORT, host=a, nccl_port=PREFILL_PORT + 1000, mode="prefill",
             extra=["--pdd-role", "prefill", "--pdd-packed-wan", self.packed_wan], **common), "A"))

@@ -199,7 +199,7 @@ class UpstreamPD(System):
         tb = self._tb = dep.testbed
         a_ns, d_ns = tb.ns("A"), tb.ns(self.decode_side)
         a_host, d_host = tb.addr("A"), tb.addr(self.decode_side)
-        g = self._group = ServerGroup(dep.log_dir)
+        g = self._group = ServerGroup(dep.log_dir, grace_s=0)  # killed between systems
         p = self._prefill = g.start("prefill", dep.server(ServerConfig(
             model=dep.model, port=PREFILL_PORT, host=a_host, nccl_port=PREFILL_PORT + 1000, mode="prefill",
             bootstrap_port=BOOTSTRAP_PORT), "A"))

@@ -158,8 +158,11 @@ class ServerProcess:
 
 def stop_all(servers: list[ServerProcess], grace_s: float = 15.0) -> None:
     """SIGTERM every server's process group at once, wait until all are gone (SIGKILL what is left after
-    `grace_s`): a group of servers shuts down in the time of its slowest, not in the sum."""
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+    `grace_s`): a group of servers shuts down in the time of its slowest, not in the sum. `grace_s` 0:
+    SIGKILL at once (servers whose shutdown nobody observes: sglang's own SIGTERM path drains, then
+    its parent sleeps 5 s "before crash diagnostics" when a child exits first, 5-25 s a group)."""
+    steps = ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)) if grace_s > 0 else ((signal.SIGKILL, 5.0),)
+    for sig, wait_s in steps:
         live = [s for s in servers if s._signal(sig)]
         deadline = time.monotonic() + wait_s
         while live and time.monotonic() < deadline:
@@ -175,8 +178,9 @@ def stop_all(servers: list[ServerProcess], grace_s: float = 15.0) -> None:
 class ServerGroup:
     """Servers started together (one test module, the demo, one benchmark system); stopped together."""
 
-    def __init__(self, log_dir: str):
+    def __init__(self, log_dir: str, grace_s: float = 15.0):
         self.log_dir = log_dir
+        self.grace_s = grace_s  # stop_all's: 0 kills at once
         self.servers: list[ServerProcess] = []
 
     def start(self, name: str, config: Launchable) -> ServerProcess:
@@ -185,7 +189,7 @@ class ServerGroup:
         return s
 
     def stop(self) -> None:
-        stop_all(self.servers)
+        stop_all(self.servers, self.grace_s)
         self.servers.clear()
 
     def __enter__(self) -> "ServerGroup":

@@ -70,3 +70,12 @@ def test_a_group_stops_together_and_kills_what_ignores_sigterm(tmp_path):
     stop_all(group.servers, grace_s=0.5)
     assert web.group_pids() == [] and stubborn.group_pids() == [] and dead.group_pids() == []
     assert stubborn.proc.returncode == -9 and web.proc.returncode != -9
+
+
+def test_a_group_without_grace_kills_at_once(tmp_path):
+    """`grace_s=0` (the test fixtures' groups): SIGKILL, no SIGTERM first, even to a server that would
+    have exited on it."""
+    with ServerGroup(str(tmp_path), grace_s=0) as group:
+        web = group.start("web", Script(HTTP_SERVER, free_port())).wait_ready(timeout_s=30)
+        pids = web.group_pids()
+    assert web.group_pids() == [] and web.proc.returncode == -9, (pids, web.proc.returncode)
