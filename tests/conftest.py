@@ -19,6 +19,7 @@ import pytest
 
 CI = os.environ.get("CI", "").lower() == "true"
 FIGURES: list[str] = []  # lines tests report, printed at the end of the session
+SHARED_CLUSTERS = pytest.StashKey()  # the session's tests.e2e.shared_cluster.SharedClusters
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARTIFACTS = os.environ.get("SGLANG_PDD_ARTIFACTS", os.path.join(REPO, ".artifacts"))
 # The token channel's shared secret for every relay/main server the tests start.
@@ -43,6 +44,19 @@ def pytest_runtest_makereport(item, call):
     if CI and rep.skipped and not hasattr(rep, "wasxfail"):
         reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
         rep.outcome, rep.longrepr = "failed", f"skipped under CI=true, which must run everything: {reason}"
+
+
+def pytest_collection_modifyitems(config, items):
+    from tests.e2e.shared_cluster import group_by_cluster
+
+    group_by_cluster(items)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    shared = item.config.stash.get(SHARED_CLUSTERS, None)
+    if shared is not None:
+        shared.close_after(nextitem)
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -154,6 +168,16 @@ def mla_reference(private_netns, mla_model, log_dir):
         yield start_reference(ss, mla_model, 32009).wait_ready()
     finally:
         ss.stop()
+
+
+@pytest.fixture(scope="session")
+def shared_clusters(request, private_netns, log_dir):
+    """The cluster consecutive modules share (tests/e2e/shared_cluster.py); stopped after its last test."""
+    from tests.e2e.shared_cluster import SharedClusters
+
+    shared = request.config.stash[SHARED_CLUSTERS] = SharedClusters(log_dir)
+    yield shared
+    shared.close()
 
 
 @pytest.fixture(scope="module")

@@ -19,12 +19,11 @@ import pytest
 
 from sglang_pdd.lab.testing.launch_args import PddRouterConfig
 
-from .cluster import start_pdd
 from .router_checks import EAGER, assert_one_handoff, handoffs_on_main
+from .shared_cluster import KEYED, ROLE_KEY, cluster_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.shared_cluster(KEYED)]
 
-TOKEN_PORT = 18800
 PARSERS = ["--tool-call-parser", "qwen25", "--reasoning-parser", "qwen3"]
 SEEDED = {"temperature": 0.8, "top_p": 0.9, "seed": 77}
 TOOLS = [
@@ -51,16 +50,16 @@ def messages(turn: int = 0) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def agent(server_group, tiny_model):
-    pdd = start_pdd(server_group, tiny_model, base_port=32400, bootstrap_port=8980, token_port=TOKEN_PORT,
-                    handoff_timeout=10, relay_extra=("--incremental-streaming-output",),
-                    main_extra=("--incremental-streaming-output",))
+def agent(request, shared_clusters, server_group, tiny_model):
+    """The shared cluster (shared_cluster.KEYED: RLD and MD stream deltas, the roles take an API key)."""
+    pdd = cluster_for(request, shared_clusters, tiny_model)
     pdd.set_knobs("relay", relay_min_eager=EAGER)
 
     def start(name, port, pipeline):
         return server_group.start(name, PddRouterConfig(
-            prefill=[(pdd.prefill.url, pdd.bootstrap_port)], relay=[(pdd.relay.url, TOKEN_PORT)],
-            main=[pdd.main.url], tokenizer=tiny_model, port=port, pipeline=pipeline, extra=PARSERS)).wait_ready()
+            prefill=[(pdd.prefill.url, pdd.bootstrap_port)], relay=[(pdd.relay.url, pdd.token_port)],
+            main=[pdd.main.url], tokenizer=tiny_model, port=port, pipeline=pipeline, extra=PARSERS,
+            role_api_key=ROLE_KEY)).wait_ready()
 
     return {"relay": start("agent-router-relay", 32403, "relay"), "direct": start("agent-router-direct", 32404, "direct"),
             "main": pdd.main, "pdd": pdd}

@@ -12,15 +12,14 @@ from sglang_pdd.router import health_probe
 from sglang_pdd.router.peer_health import HealthChecker
 from sglang_pdd.router.peers import Peer, PeerPool
 
-from .cluster import start_pdd
+from .shared_cluster import RELAY, cluster_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.shared_cluster(RELAY)]
 
 
 @pytest.fixture(scope="module")
-def pdd(server_group, tiny_model):
-    return start_pdd(server_group, tiny_model, base_port=31700, bootstrap_port=8988, token_port=18700,
-                     handoff_timeout=10)
+def pdd(request, shared_clusters, tiny_model):
+    return cluster_for(request, shared_clusters, tiny_model)
 
 
 def test_every_role_serves_the_probe(pdd):

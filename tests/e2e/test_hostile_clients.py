@@ -22,12 +22,12 @@ from sglang_pdd.lab.testing.launch_args import PddRouterConfig
 from sglang_pdd.lab.testing.servers import http_json
 from sglang_pdd.protocol.reply import ReplyMeta
 
-from .cluster import by_state, decode_roles_idle, metric, start_pdd
+from .cluster import by_state, decode_roles_idle, metric
+from .shared_cluster import RELAY, cluster_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.shared_cluster(RELAY)]
 
 BASE = 31500
-TOKEN_PORT = 18700
 EAGER = 4
 HEADER_TIMEOUT_S = 2
 BODY_TIMEOUT_S = 3
@@ -35,12 +35,11 @@ ENDPOINTS = ("/generate", "/v1/completions", "/v1/chat/completions")
 
 
 @pytest.fixture(scope="module")
-def cluster(server_group, tiny_model):
-    pdd = start_pdd(server_group, tiny_model, base_port=BASE, bootstrap_port=8989, token_port=TOKEN_PORT,
-                    handoff_timeout=10)
+def cluster(request, shared_clusters, server_group, tiny_model):
+    pdd = cluster_for(request, shared_clusters, tiny_model)
     pdd.set_knobs("relay", relay_min_eager=EAGER)
     router = server_group.start("pdd-router-hostile", PddRouterConfig(
-        prefill=[(pdd.prefill.url, pdd.bootstrap_port)], relay=[(pdd.relay.url, TOKEN_PORT)], main=[pdd.main.url],
+        prefill=[(pdd.prefill.url, pdd.bootstrap_port)], relay=[(pdd.relay.url, pdd.token_port)], main=[pdd.main.url],
         tokenizer=tiny_model, port=BASE + 3, pipeline="relay",
         extra=["--header-timeout-s", str(HEADER_TIMEOUT_S), "--body-timeout-s", str(BODY_TIMEOUT_S),
                "--migration-limit", "1"])).wait_ready()

@@ -12,32 +12,29 @@ from sglang_pdd.lab.testing.launch_args import PddRouterConfig
 from sglang_pdd.lab.testing.servers import http_json
 from sglang_pdd.protocol.reply import ReplyMeta
 
-from .cluster import by_state, metric, start_pdd
+from .cluster import by_state, metric
 from .router_checks import (CONSTRAINTS, EAGER, N, assert_one_handoff, check_constrained, check_generate,
                             completion_text, constrained_body, constrained_reference, handoffs_on_main,
                             main_leg_bytes, openai, router_metric)
+from .shared_cluster import KEYED, ROLE_KEY, cluster_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.shared_cluster(KEYED)]
 
-TOKEN_PORT = 18600
 SEEDED = {"temperature": 0.8, "top_p": 0.9, "sampling_seed": 77}
-INCREMENTAL = ("--incremental-streaming-output",)
-# Every role runs sglang's --api-key and the routers send it (SGLANG_PDD_ROLE_API_KEY), as production should
-ROLE_KEY = "pdd-e2e-role-key"
 
 
 @pytest.fixture(scope="module")
-def router(server_group, tiny_model):
-    # RLD and MD stream deltas (--incremental-streaming-output); the other modules' stream cumulatively
-    pdd = start_pdd(server_group, tiny_model, base_port=30800, bootstrap_port=8996, token_port=TOKEN_PORT,
-                    handoff_timeout=10, relay_extra=INCREMENTAL, main_extra=INCREMENTAL, role_api_key=ROLE_KEY)
+def router(request, shared_clusters, server_group, tiny_model):
+    # shared_cluster.KEYED: every role runs sglang's --api-key and the routers send it
+    # (SGLANG_PDD_ROLE_API_KEY), as production should; RLD and MD stream deltas (--incremental-streaming-output)
+    pdd = cluster_for(request, shared_clusters, tiny_model)
     pdd.set_knobs("relay", relay_min_eager=EAGER)
     p, rld, md, boot = pdd.prefill, pdd.relay, pdd.main, pdd.bootstrap_port
-    base = 30800
+    base = 30800  # the routers': base + 3 ...
 
     def start(name, port, pipeline, extra=(), key=ROLE_KEY):
         return server_group.start(name, PddRouterConfig(
-            prefill=[(p.url, boot)], relay=[(rld.url, TOKEN_PORT)], main=[md.url], tokenizer=tiny_model,
+            prefill=[(p.url, boot)], relay=[(rld.url, pdd.token_port)], main=[md.url], tokenizer=tiny_model,
             port=port, pipeline=pipeline, extra=list(extra), role_api_key=key)).wait_ready()
 
     relay_router = start("pdd-router", base + 3, "relay")

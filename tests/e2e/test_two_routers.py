@@ -6,7 +6,6 @@ the single server's, each router counts its own requests only, and every pool is
 
 from __future__ import annotations
 
-import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -18,12 +17,13 @@ from sglang_pdd.lab.testing.launch_args import PddRouterConfig
 from sglang_pdd.lab.testing.servers import http_json
 from sglang_pdd.protocol.reply import ReplyMeta
 
-from .cluster import decode_roles_idle, metric, start_pdd
+from .cluster import decode_roles_idle, metric
 from .router_checks import EAGER
+from .shared_cluster import MD_EVENTS, MD_EVENTS_REPLAY, RELAY, cluster_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.shared_cluster(RELAY)]
 
-BASE, BOOT, TOKEN_PORT, EVENTS, REPLAY = 32200, 8985, 18720, 5594, 5595
+BASE = 32200  # the routers': BASE + 3, BASE + 4
 N = 96  # as the router module: with fewer, RLD could finish before MD is ready to take over
 # per router: (pdd_pipeline, streamed); relay forces P->RLD->MD (a handoff at k >= EAGER), direct P->MD,
 # None leaves the choice to the router's pipeline policy
@@ -31,15 +31,14 @@ JOBS = (("relay", True), ("relay", False), ("direct", True), (None, False))
 
 
 @pytest.fixture(scope="module")
-def two(server_group, tiny_model):
-    events = json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{EVENTS}", "replay_endpoint": f"tcp://*:{REPLAY}"})
-    pdd = start_pdd(server_group, tiny_model, base_port=BASE, bootstrap_port=BOOT, token_port=TOKEN_PORT,
-                    handoff_timeout=10, main_extra=("--kv-events-config", events))
+def two(request, shared_clusters, server_group, tiny_model):
+    """The shared cluster's MD publishes its KV events (shared_cluster.RELAY); each router subscribes."""
+    pdd = cluster_for(request, shared_clusters, tiny_model)
     pdd.set_knobs("relay", relay_min_eager=EAGER)
     routers = [server_group.start(f"pdd-router-{BASE + 3 + i}", PddRouterConfig(
-        prefill=[(pdd.prefill.url, BOOT)], relay=[(pdd.relay.url, TOKEN_PORT)], main=[pdd.main.url],
-        tokenizer=tiny_model, port=BASE + 3 + i, pipeline="auto",
-        extra=["--main-kv-events", f"tcp://127.0.0.1:{EVENTS}", f"tcp://127.0.0.1:{REPLAY}",
+        prefill=[(pdd.prefill.url, pdd.bootstrap_port)], relay=[(pdd.relay.url, pdd.token_port)],
+        main=[pdd.main.url], tokenizer=tiny_model, port=BASE + 3 + i, pipeline="auto",
+        extra=["--main-kv-events", f"tcp://127.0.0.1:{MD_EVENTS}", f"tcp://127.0.0.1:{MD_EVENTS_REPLAY}",
                "--bandwidth-poll-s", "0.5", "--load-poll-s", "0.5"])) for i in range(2)]
     for r in routers:
         r.wait_ready()

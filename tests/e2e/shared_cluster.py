@@ -1,0 +1,127 @@
+"""Clusters that consecutive e2e modules share. A PDD cluster takes 45-80 s to start on the 2-core CI box
+and many modules' tests take seconds, so modules that need the same servers take one start between them.
+
+A module (or a class) names its cluster with `pytest.mark.shared_cluster(KEY)`; the collection moves the
+modules of one key next to the first of them (`group_by_cluster`, called from tests/conftest.py); the
+first to ask (`SharedClusters.get`) starts the cluster, the next module gets the same one with its test
+knobs cleared (and a fresh one if any of its servers died); `close_after` stops it once the next test
+names another key. At most one shared cluster lives at a time, beside the modules' own servers (their
+routers and references, in `server_group`). Every key's servers are defined here, so what its modules
+share is visible in one place; a module's own flags would be another key.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable
+
+import pytest
+
+from sglang_pdd.lab.testing.servers import ServerGroup
+
+MARK = "shared_cluster"
+RELAY = "relay"  # P, RLD, MD (KV events on): test_health_probe, test_hostile_clients, test_two_routers
+KEYED = "relay-keyed"  # P, RLD, MD behind sglang's --api-key, RLD and MD streaming deltas:
+#                        test_agent_front_door, test_pdd_router
+
+MD_EVENTS, MD_EVENTS_REPLAY = 5594, 5595  # RELAY's MD publishes its KV events here (test_two_routers reads them)
+ROLE_KEY = "pdd-e2e-role-key"  # KEYED's roles' --api-key; its routers send it (SGLANG_PDD_ROLE_API_KEY)
+INCREMENTAL = ("--incremental-streaming-output",)
+
+
+def _relay(group: ServerGroup, model: str):
+    from .cluster import start_pdd
+
+    events = json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{MD_EVENTS}",
+                         "replay_endpoint": f"tcp://*:{MD_EVENTS_REPLAY}"})
+    return start_pdd(group, model, base_port=34700, bootstrap_port=8979, token_port=18790, handoff_timeout=10,
+                     main_extra=("--kv-events-config", events))
+
+
+def _keyed(group: ServerGroup, model: str):
+    from .cluster import start_pdd
+
+    # RLD and MD stream deltas (--incremental-streaming-output); the other modules' stream cumulatively
+    return start_pdd(group, model, base_port=34800, bootstrap_port=8978, token_port=18795, handoff_timeout=10,
+                     relay_extra=INCREMENTAL, main_extra=INCREMENTAL, role_api_key=ROLE_KEY)
+
+
+def _clear_pdd_knobs(pdd) -> None:
+    for role in pdd.knob_files:
+        pdd.set_knobs(role)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    start: Callable  # (group, model) -> the cluster
+    clear: Callable  # (cluster) -> None: what one module left set, unset for the next
+
+
+RECIPES = {
+    RELAY: Recipe(_relay, _clear_pdd_knobs),
+    KEYED: Recipe(_keyed, _clear_pdd_knobs),
+}
+
+
+class SharedClusters:
+    """The one live shared cluster: its key, its servers, which module or class has it now."""
+
+    def __init__(self, log_dir: str):
+        self.log_dir = log_dir
+        self.key: str | None = None
+        self.cluster = None
+        self.owner: str | None = None
+        self.group: ServerGroup | None = None
+        self.starts: Counter = Counter()  # key -> clusters started (one per key, unless a server died)
+
+    def get(self, key: str, model: str, owner: str):
+        recipe = RECIPES[key]
+        if self.key == key and all(s.alive() for s in self.group.servers):
+            if owner != self.owner:
+                recipe.clear(self.cluster)
+                self.owner = owner
+            return self.cluster
+        self.close()
+        self.group = ServerGroup(self.log_dir, grace_s=0)
+        self.key, self.owner = key, owner
+        self.starts[key] += 1
+        self.cluster = recipe.start(self.group, model)
+        return self.cluster
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.group.stop()
+        self.key = self.cluster = self.owner = self.group = None
+
+    def close_after(self, nextitem) -> None:
+        """After a test: stopped unless the next test uses the same cluster."""
+        if self.key is not None and key_of(nextitem) != self.key:
+            self.close()
+
+
+def key_of(item) -> str | None:
+    mark = item.get_closest_marker(MARK) if item is not None else None
+    return mark.args[0] if mark else None
+
+
+def cluster_for(request, shared: SharedClusters, model: str):
+    """The shared cluster of the module or class behind a module- or class-scoped fixture's `request`."""
+    key = key_of(request.node)
+    if key is None:
+        pytest.fail(f"{request.node.nodeid} asks for a shared cluster without pytest.mark.{MARK}(KEY)")
+    return shared.get(key, model, owner=request.node.nodeid)
+
+
+def group_by_cluster(items: list) -> None:
+    """Moves every test of a key right after the first test of that key (stable otherwise): the modules
+    of one cluster run one after another, so it starts once."""
+    first: dict[str, int] = {}
+    order = []
+    for i, item in enumerate(items):
+        key = key_of(item)
+        if key is not None:
+            first.setdefault(key, i)
+        order.append(((first[key], i) if key is not None else (i, i), item))
+    items[:] = [item for _, item in sorted(order, key=lambda x: x[0])]
