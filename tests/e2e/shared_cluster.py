@@ -26,6 +26,10 @@ RELAY = "relay"  # P, RLD, MD (KV events on): test_health_probe, test_hostile_cl
 KEYED = "relay-keyed"  # P, RLD, MD behind sglang's --api-key, RLD and MD streaming deltas:
 #                        test_agent_front_door, test_pdd_router
 
+OVERLAP = "overlap-page16"  # P (pages of 16, chunked prefill of 256), RLD and MD on sglang's overlap loop, and a
+#                              single server on that loop: test_relay_handoff, test_relay_restarts
+OVERLAP_PAGE, OVERLAP_CHUNK = 16, 256
+OVERLAP_HANDOFF_TIMEOUT = 30  # MD waits this long for eager tokens: a slow box must not decide an outcome
 MD_EVENTS, MD_EVENTS_REPLAY = 5594, 5595  # RELAY's MD publishes its KV events here (test_two_routers reads them)
 ROLE_KEY = "pdd-e2e-role-key"  # KEYED's roles' --api-key; its routers send it (SGLANG_PDD_ROLE_API_KEY)
 INCREMENTAL = ("--incremental-streaming-output",)
@@ -48,6 +52,22 @@ def _keyed(group: ServerGroup, model: str):
                      relay_extra=INCREMENTAL, main_extra=INCREMENTAL, role_api_key=ROLE_KEY)
 
 
+def _overlap(group: ServerGroup, model: str):
+    """RLD and MD on sglang's overlap scheduler (its default; P cannot run it on CPU), with a single server
+    on the same loop as the modules' reference (`.reference`), started alongside."""
+    from sglang_pdd.lab.testing.launch_args import ServerConfig
+
+    from .cluster import start_pdd
+
+    reference = group.start("reference-overlap", ServerConfig(
+        model=model, port=30709, nccl_port=31709, overlap=True, extra=["--pdd-seeded-sampling", "on"]))
+    pdd = start_pdd(group, model, base_port=30700, bootstrap_port=8997, token_port=18500,
+                    handoff_timeout=OVERLAP_HANDOFF_TIMEOUT, page_size=OVERLAP_PAGE, prefill_chunk=OVERLAP_CHUNK,
+                    decode_overlap=True)
+    pdd.reference = reference.wait_ready()
+    return pdd
+
+
 def _clear_pdd_knobs(pdd) -> None:
     for role in pdd.knob_files:
         pdd.set_knobs(role)
@@ -62,6 +82,7 @@ class Recipe:
 RECIPES = {
     RELAY: Recipe(_relay, _clear_pdd_knobs),
     KEYED: Recipe(_keyed, _clear_pdd_knobs),
+    OVERLAP: Recipe(_overlap, _clear_pdd_knobs),
 }
 
 

@@ -7,7 +7,8 @@ custom_params {"pdd": {"v": 1, "main_room": R2}}.
 Checks: both greedy outputs equal a single server's; the main's KV bytes are exactly its missed pages
 while the relay gets the whole prompt (pages of 1; pages of 64 with P's chunked prefill of 128,
 prompts of several chunks); a main aborted or killed mid-transfer or never bootstrapping leaves the
-relay correct and P's pool idle; a malformed `pdd` parameter fails that request only; and, as negative
+relay correct and P's pool idle; P's main lane gauge holds a slow write's bytes until they are written;
+a malformed `pdd` parameter fails that request only; and, as negative
 controls, a main that misses one page more (the first it lacks, on a prompt it has never seen or past
 3 pages it caches) is caught by both the byte and the token comparison. A slow WAN write and the extra
 skipped page come from the test-only knobs file (test_switches.TestKnobs, SGLANG_PDD_TEST_KNOBS) that
@@ -26,6 +27,7 @@ import time
 
 import pytest
 
+from sglang_pdd.metrics import parse_exposition
 from sglang_pdd.protocol.request import RequestParams
 from sglang_pdd.lab.testing.pdd_client import signer_from_env
 from sglang_pdd.lab.testing.client import generate, greedy_body
@@ -40,6 +42,12 @@ from .fanout_cluster import (  # noqa: F401  (fan1, fan64 and the autouse figure
 pytestmark = pytest.mark.e2e
 
 SPEC = TinyModelSpec()  # the test model's geometry (tests/conftest.py builds the default)
+
+
+def lane_queued(fan) -> dict[str, float]:
+    status, text = http_json(fan.prefill.url + "/metrics")
+    assert status == 200
+    return {dict(k).get("peer", ""): v for k, v in parse_exposition(text, "sglang_pdd_lane_queued_bytes").items()}
 
 
 # ---- page size 1 ---------------------------------------------------------------------------------
@@ -160,6 +168,37 @@ class TestPageSize1:
         assert_prefill_idle(fan1)
         FIGURES["slow_main"] = {"relay_done_s": r["relay_s"], "main_done_s": r["main_s"],
                                 "prefill_released_s": r["prefill_s"], "slow_write_s": SLOW_MAIN_WRITE}
+
+    def test_the_lane_gauge_holds_the_main_leg_bytes_until_they_are_written(self, fan1, reference_server, prompts):
+        """P's main lane shows the KV bytes it still holds for MD (`sglang_pdd_lane_queued_bytes`, which the
+        router's queue-aware WAN prediction reads: policy.wan_queue, router.bandwidth_feed): under a slow
+        WAN write the request's main-leg chunk shows under MD's session while it is written, nothing once
+        it is."""
+        ids = prompts.ids(300, seed=861)  # never seen by MD: its whole prompt crosses
+        expected = fan1.main_miss_bytes(ids)
+        fan1.set_knobs(main_write_delay=SLOW_MAIN_WRITE)
+        out: dict = {}
+        try:
+            before = path_bytes(fan1)
+            t = threading.Thread(target=lambda: out.update(fanout_generate(fan1, ids)))
+            t.start()
+            peak: dict[str, float] = {}
+            while t.is_alive():  # the request ends within its own deadline; the gauge is read meanwhile
+                for peer, v in lane_queued(fan1).items():
+                    peak[peer] = max(peak.get(peer, 0.0), v)
+                time.sleep(0.1)
+            t.join()
+            after = path_bytes(fan1)
+        finally:
+            fan1.set_knobs()
+        assert_same(reference(reference_server, ids), out["main"], "slow main: the main")
+        main_kv = moved(before, after, "main")
+        assert main_kv == expected > 0
+        assert list(peak.values()) and max(peak.values()) == main_kv, peak  # one lane, the main's session
+        deadline = time.monotonic() + 30  # the worker is back at its queue once the write is done
+        while any(lane_queued(fan1).values()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(lane_queued(fan1).values()), lane_queued(fan1)
 
     def test_main_aborted_mid_transfer_leaves_the_relay_correct(self, fan1, reference_server, prompts):
         ids = prompts.ids(500, seed=850)

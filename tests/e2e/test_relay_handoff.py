@@ -6,8 +6,6 @@ sglang's overlap scheduler here (docs/overlap.md); the other e2e modules run its
 k is set, not waited for: MD's legs go first (`main_first`) and RLD's test knob `relay_min_eager`
 makes it answer MD's Ready at exactly k tokens; every test that names a handoff asserts its k."""
 
-import json
-import os
 import threading
 import time
 
@@ -15,33 +13,23 @@ import pytest
 
 from sglang_pdd.lab.testing import identity
 from sglang_pdd.lab.testing.client import greedy_body
-from sglang_pdd.lab.testing.launch_args import ServerConfig
 from sglang_pdd.lab.testing.pdd_client import held_on_main, relayed_generate, relayed_generate_many
 from sglang_pdd.lab.testing.servers import http_json
 
-from .cluster import abort_while_held, decode_roles_idle, junk_at, metric, start_pdd
+from .cluster import abort_while_held, decode_roles_idle, metric
+from .shared_cluster import OVERLAP, OVERLAP_PAGE as PAGE, cluster_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.shared_cluster(OVERLAP)]
 
-TOKEN_PORT = 18500
-PAGE = 16
-CHUNK = 256  # P's --chunked-prefill-size
 NEW = 64
-HANDOFF_TIMEOUT = 30  # MD waits this long for eager tokens: a slow box must not decide an outcome
 SEEDED = {"temperature": 0.8, "top_p": 0.9, "sampling_seed": 1234}
 
 
 @pytest.fixture(scope="module")
-def pdd(server_group, tiny_model):
-    """RLD and MD on sglang's overlap scheduler (its default; P cannot run it on CPU), with a single
-    server on the same loop as this module's reference, started alongside."""
-    reference = server_group.start("reference-overlap", ServerConfig(
-        model=tiny_model, port=30709, nccl_port=31709, overlap=True, extra=["--pdd-seeded-sampling", "on"]))
-    pdd = start_pdd(server_group, tiny_model, base_port=30700, bootstrap_port=8997, token_port=TOKEN_PORT,
-                    handoff_timeout=HANDOFF_TIMEOUT, page_size=PAGE, prefill_chunk=CHUNK, decode_overlap=True)
-    reference.wait_ready()
-    pdd.reference = reference
-    return pdd
+def pdd(request, shared_clusters, tiny_model):
+    """shared_cluster.OVERLAP: RLD and MD on sglang's overlap scheduler, and a single server on that loop
+    (test_relay_restarts takes the same cluster next, and replaces its RLD and MD processes)."""
+    return cluster_for(request, shared_clusters, tiny_model)
 
 
 @pytest.fixture(scope="module")
@@ -339,72 +327,4 @@ def test_handoff_attention_hook_leaves_cpu_to_sglang_and_its_kernel_path_is_toke
 
 
 def test_pools_return_to_idle_on_relay_and_main(pdd):
-    assert decode_roles_idle(pdd) == []
-
-
-def test_a_restarted_relay_hands_over_again_without_restarting_main(pdd, reference_server, prompts):
-    """RLD dies (SIGKILL) and starts again with the same command line (issue 31): the next relayed
-    request hands over normally, token-identical, within its deadline. Before the relay's replies carried
-    its epoch, MD dropped every reply of the new process as a replay ("reply 1 seen already") and each
-    relayed request waited out MD's handoff timeout, until MD itself restarted. Late in the module: it
-    replaces the relay process the other tests used."""
-    def replay_drops() -> float:
-        return sum(v for k, v in metric(pdd.main.url, "sglang_pdd_token_channel_rejected_total").items()
-                   if dict(k).get("reason") == "replay")
-
-    ids = prompts.ids(300, seed=91)
-    want = ref(reference_server, ids, 40)
-    assert_identical(want, relayed(pdd, greedy_body(ids, 40), k=4), "before the restart")
-    drops = replay_drops()
-    pdd.relay.stop(grace_s=0)
-    assert not pdd.relay.alive()
-    pdd.relay.start().wait_ready()
-    r = relayed(pdd, greedy_body(ids, 40), k=5)  # a handoff (asserted there): MD did not time out
-    assert_identical(want, r, "after the relay restarted")
-    assert replay_drops() == drops
-    ids2 = prompts.ids(260, seed=92)  # a second request: the channel stays up
-    assert_identical(ref(reference_server, ids2, 30), relayed(pdd, greedy_body(ids2, 30), k=3), "second after")
-    assert decode_roles_idle(pdd) == []
-
-
-# -- the token channel under junk and a restarted MD (issue 31 item 4) -------------------------------
-
-def rejected_on_relay(pdd) -> dict[str, float]:
-    return {dict(k)["reason"]: v for k, v in metric(pdd.relay.url, "sglang_pdd_token_channel_rejected_total").items()
-            if dict(k).get("role") == "relay"}
-
-
-def test_a_flood_of_junk_at_the_token_port_leaves_the_next_handoff_intact(pdd, reference_server, prompts):
-    """Unauthenticated garbage at RLD's token port (`junk_at`): bytes that are not ZMTP, then 300 frames
-    of 1 MiB and 20 three-part messages from a ZMQ peer without the secret. RLD reads and drops every
-    one (counted: bad_mac, malformed; the raw bytes may add some, read as ZMTP 1.0 frames), stays up,
-    and the next relayed request hands over normally."""
-    ids = prompts.ids(200, seed=97)
-    want = ref(reference_server, ids, 40)
-    before, sent = rejected_on_relay(pdd), {"bad_mac": 300, "malformed": 20}
-    with junk_at(TOKEN_PORT, frames=sent["bad_mac"], size=1 << 20, parts=sent["malformed"]):
-        deadline = time.monotonic() + 120
-        while True:  # RLD drains them at its own pace (32 MiB per poll)
-            grew = {r: rejected_on_relay(pdd).get(r, 0) - before.get(r, 0) for r in sent}
-            if all(grew[r] >= n for r, n in sent.items()) or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
-    assert all(grew[r] >= n for r, n in sent.items()) and pdd.relay.alive(), grew
-    assert_identical(want, relayed(pdd, greedy_body(ids, 40), k=5), "after the junk")
-    assert decode_roles_idle(pdd) == []
-
-
-def test_a_restarted_main_hands_over_again(pdd, reference_server, prompts):
-    """MD dies (SIGKILL) and starts again with the same command line: its new process connects to the
-    relay under a new session, and the next relayed request hands over normally, token-identical.
-    Last in the module: it replaces the MD process the other tests used."""
-    ids = prompts.ids(240, seed=98)
-    want = ref(reference_server, ids, 40)
-    assert_identical(want, relayed(pdd, greedy_body(ids, 40), k=4), "before MD restarted")
-    pdd.main.stop(grace_s=0)
-    assert not pdd.main.alive()
-    pdd.main.start().wait_ready()
-    assert_identical(want, relayed(pdd, greedy_body(ids, 40), k=6), "after MD restarted")
-    ids2 = prompts.ids(180, seed=99)
-    assert_identical(ref(reference_server, ids2, 30), relayed(pdd, greedy_body(ids2, 30), k=3), "second after")
     assert decode_roles_idle(pdd) == []
