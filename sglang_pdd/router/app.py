@@ -106,6 +106,10 @@ class RouterApp:
                 self.metrics.peer_load.labels(pool.role, peer.url).set(peer.load)
                 self.metrics.peer_in_flight.labels(pool.role, peer.url).set(peer.in_flight)
                 self.metrics.peer_out.labels(pool.role, peer.url).set(1 if peer.health.out_until is not None else 0)
+        for sub in self.d.kv_subscribers:
+            seq = sub.feed.last_seq
+            self.metrics.md_view_seq.labels(sub.view.name).set(-1 if seq is None else seq)
+            self.metrics.md_view_exact.labels(sub.view.name).set(1 if sub.view.exact else 0)
         self.metrics.open_connections.set(self.door.open)
         self.metrics.in_flight.set(self.in_flight.total)
         self.metrics.tokenizer_queue.set(self.prep.pending)

@@ -72,6 +72,12 @@ class RouterMetrics:
                               ("role", "peer"), registry=self.registry)
         self.peer_in_flight = Gauge("sglang_pdd_router_peer_in_flight", "This router's requests on each server",
                                     ("role", "peer"), registry=self.registry)
+        self.md_view_seq = Gauge("sglang_pdd_router_md_kv_events_seq", "The last KV-event batch of each MainDecode "
+                                 "(--main-kv-events) applied to this router's view of its cache (-1: none yet)",
+                                 ("peer",), registry=self.registry)
+        self.md_view_exact = Gauge("sglang_pdd_router_md_kv_events_exact", "1 while this router's view of a "
+                                   "MainDecode's cache follows its KV events exactly, 0 while it is stale (a gap, a "
+                                   "lost connection: its hits are then approximate)", ("peer",), registry=self.registry)
         self.migrations = Counter("sglang_pdd_router_migrations", "Requests re-issued after a role's failure, "
                                   "by cause and outcome (completed, failed; not-migrated: a failure that "
                                   "ended the request unmigrated)", ("cause", "outcome"), registry=self.registry)

@@ -59,10 +59,12 @@ def agent(request, shared_clusters, server_group, tiny_model):
         return server_group.start(name, PddRouterConfig(
             prefill=[(pdd.prefill.url, pdd.bootstrap_port)], relay=[(pdd.relay.url, pdd.token_port)],
             main=[pdd.main.url], tokenizer=tiny_model, port=port, pipeline=pipeline, extra=PARSERS,
-            role_api_key=ROLE_KEY)).wait_ready()
+            role_api_key=ROLE_KEY))
 
-    return {"relay": start("agent-router-relay", 32403, "relay"), "direct": start("agent-router-direct", 32404, "direct"),
-            "main": pdd.main, "pdd": pdd}
+    routers = {"relay": start("agent-router-relay", 32403, "relay"), "direct": start("agent-router-direct", 32404, "direct")}
+    for r in routers.values():  # launched together, then waited for: their start-ups overlap
+        r.wait_ready()
+    return {**routers, "main": pdd.main, "pdd": pdd}
 
 
 @pytest.fixture(scope="module")

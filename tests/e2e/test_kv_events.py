@@ -20,7 +20,7 @@ from sglang_pdd.lab.testing.client import generate, greedy_body, pd_generate
 from sglang_pdd.lab.testing.launch_args import PddRouterConfig, ServerConfig
 from sglang_pdd.protocol.reply import ReplyMeta
 
-from .cluster import kv_bytes_per_token, kv_bytes_sent
+from .cluster import kv_bytes_per_token, kv_bytes_sent, metric, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -127,6 +127,12 @@ def test_the_exact_view_predicts_the_kv_md_lacks_across_turns_and_evictions(md, 
     assert stats.malformed == {} and stats.gaps == 0 and stats.restarts == 0
 
 
+def router_view(url: str) -> tuple[float, float] | None:
+    """(last KV-event batch applied, exact) of a router's view of its one MD."""
+    seq, exact = (metric(url, f"sglang_pdd_router_md_kv_events_{n}") for n in ("seq", "exact"))
+    return (next(iter(seq.values())), next(iter(exact.values()))) if seq and exact else None
+
+
 def test_the_router_routes_on_mds_exact_cache(md, server_group, prompts, tiny_model):
     kvb = kv_bytes_per_token(tiny_model)
     router = server_group.start(f"router-{BASE + 2}", PddRouterConfig(
@@ -137,7 +143,12 @@ def test_the_router_routes_on_mds_exact_cache(md, server_group, prompts, tiny_mo
     out, _ = md.turn(d1)  # not through the router: its approximate view never sees this conversation
     d2 = d1 + out + prompts.ids(60, seed=62)
     hit = md.wait_hit(d2, above=len(d1))
-    time.sleep(1.0)  # the router's subscriber got the same broadcast
+    seq = md.call(lambda: md.sub.feed.last_seq)
+    def caught_up():
+        view = router_view(router.url)
+        return view is not None and view[0] >= seq and view[1] == 1
+
+    wait_until(caught_up, f"the router's view exact, at MD's KV-event batch {seq}")  # it got the same broadcast
     before = kv_bytes_sent(md.prefill.url)
     meta = ReplyMeta.of(generate(router.url, greedy_body(d2, NEW_TOKENS))["meta_info"])
     moved = kv_bytes_sent(md.prefill.url) - before

@@ -55,10 +55,13 @@ def cluster(patched, server_group, tiny_model):
     def router(name, port, pipeline):
         return server_group.start(name, PddRouterConfig(
             prefill=[(pdd.prefill.url, BOOT)], relay=[(pdd.relay.url, TOKEN_PORT)], main=[pdd.main.url],
-            tokenizer=tiny_model, port=port, pipeline=pipeline)).wait_ready()
+            tokenizer=tiny_model, port=port, pipeline=pipeline))
 
-    return {"pdd": pdd, "relay": router("patched-router", BASE + 3, "relay"),
-            "direct": router("patched-router-direct", BASE + 4, "direct")}
+    routers = {"relay": router("patched-router", BASE + 3, "relay"), "direct": router("patched-router-direct", BASE + 4,
+                                                                                       "direct")}
+    for r in routers.values():  # launched together, then waited for: their start-ups overlap
+        r.wait_ready()
+    return {"pdd": pdd, **routers}
 
 
 def counters(c) -> dict[str, float]:

@@ -32,17 +32,23 @@ def router(request, shared_clusters, server_group, tiny_model):
     p, rld, md, boot = pdd.prefill, pdd.relay, pdd.main, pdd.bootstrap_port
     base = 30800  # the routers': base + 3 ...
 
-    def start(name, port, pipeline, extra=(), key=ROLE_KEY):
+    def launch(name, port, pipeline, extra=(), key=ROLE_KEY):
         return server_group.start(name, PddRouterConfig(
             prefill=[(p.url, boot)], relay=[(rld.url, pdd.token_port)], main=[md.url], tokenizer=tiny_model,
-            port=port, pipeline=pipeline, extra=list(extra), role_api_key=key)).wait_ready()
+            port=port, pipeline=pipeline, extra=list(extra), role_api_key=key))
 
-    relay_router = start("pdd-router", base + 3, "relay")
-    direct_router = start("pdd-router-direct", base + 4, "direct")
+    def start(name, port, pipeline, extra=(), key=ROLE_KEY):
+        return launch(name, port, pipeline, extra, key).wait_ready()
+
+    # launched together, then waited for: their start-ups overlap
+    relay_router = launch("pdd-router", base + 3, "relay")
+    direct_router = launch("pdd-router-direct", base + 4, "direct")
     # auto, told a very slow WAN (so a cold prompt's transfer looks long) and a fast RLD: short outputs
     # of cold prompts are odd traffic
-    auto_router = start("pdd-router-auto", base + 5, "auto", ["--wan-mbit", "1", "--wan-rtt-ms", "1",
-                        "--odd-output-threshold", "100", "--rld-tpot-ms", "10", "--bandwidth-poll-s", "0"])
+    auto_router = launch("pdd-router-auto", base + 5, "auto", ["--wan-mbit", "1", "--wan-rtt-ms", "1",
+                         "--odd-output-threshold", "100", "--rld-tpot-ms", "10", "--bandwidth-poll-s", "0"])
+    for r in (relay_router, direct_router, auto_router):
+        r.wait_ready()
     return {"relay": relay_router, "direct": direct_router, "auto": auto_router, "main": md, "relay_server": rld,
             "prefill": p, "pdd": pdd, "idle_rows": pdd.idle_rows,
             "start_router": lambda name, port, extra, key=ROLE_KEY: start(name, port, "auto", extra, key)}

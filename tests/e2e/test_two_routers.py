@@ -109,4 +109,6 @@ def test_each_router_builds_its_own_exact_view_of_mds_cache(two):
     _, routers = two
     for r in routers:
         assert any("exact view of MD's cache" in line for line in r.log_text().splitlines()), r.url
+        assert list(metric(r.url, "sglang_pdd_router_md_kv_events_exact").values()) == [1.0], r.url
+        assert list(metric(r.url, "sglang_pdd_router_md_kv_events_seq").values())[0] >= 0, r.url
         assert sum(metric(r.url, "sglang_pdd_router_wan_bandwidth_estimate_bytes_per_second").values()) > 0
