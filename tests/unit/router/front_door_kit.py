@@ -24,6 +24,7 @@ class HoldingDispatcher:
 
     prefill = relay = main = PeerPool("main", [])
     policy = None
+    kv_subscribers = ()  # no MD publishes KV events here
 
     def __init__(self):
         self.release = asyncio.Event()

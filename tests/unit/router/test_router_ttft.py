@@ -19,6 +19,7 @@ class FakeDispatcher:
 
     relay = PeerPool("relay", [Peer("http://rld:1")])
     policy = None
+    kv_subscribers = ()  # no MD publishes KV events here
     prefill = main = PeerPool("main", [])
 
     async def start(self):
