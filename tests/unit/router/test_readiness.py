@@ -92,6 +92,9 @@ def test_with_prefill_out_the_router_is_live_but_not_ready():
         async with fu.FakeCluster() as cl:
             async with fu.router_client(cl, migration_limit=1) as c:
                 before = await _probe(c, "/ready")
+                # MD waits for P's KV, as a real decode does (the fake would answer at once, and a request it
+                # finished before P's refusal reached the router was a 200: a race in the fake, seen in CI)
+                cl.main.behaviour = fu.hang()
                 await cl.servers[0].close()  # P is gone: the request that finds it takes it out
                 failed = (await c.post("/generate", json={"input_ids": PROMPT,
                                                           "sampling_params": {"max_new_tokens": 4}})).status
