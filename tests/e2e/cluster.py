@@ -119,6 +119,11 @@ class PDDServers:
         os.replace(path + ".tmp", path)
         self.knob_values[role] = knobs
 
+    def clear_knobs(self) -> None:
+        """Every role's knobs off (what a module sets, unset before the next takes a shared cluster)."""
+        for role in self.knob_files:
+            self.set_knobs(role)
+
     @contextlib.contextmanager
     def knobs(self, role: str, **knobs):
         """These knobs on top of the role's current ones, restored afterwards."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass
 from typing import Callable
 
 import pytest
@@ -68,22 +67,8 @@ def _overlap(group: ServerGroup, model: str):
     return pdd
 
 
-def _clear_pdd_knobs(pdd) -> None:
-    for role in pdd.knob_files:
-        pdd.set_knobs(role)
-
-
-@dataclass(frozen=True)
-class Recipe:
-    start: Callable  # (group, model) -> the cluster
-    clear: Callable  # (cluster) -> None: what one module left set, unset for the next
-
-
-RECIPES = {
-    RELAY: Recipe(_relay, _clear_pdd_knobs),
-    KEYED: Recipe(_keyed, _clear_pdd_knobs),
-    OVERLAP: Recipe(_overlap, _clear_pdd_knobs),
-}
+# key -> (group, model) -> the cluster (a `cluster.PDDServers`: `clear_knobs` unsets what a module set)
+RECIPES: dict[str, Callable] = {RELAY: _relay, KEYED: _keyed, OVERLAP: _overlap}
 
 
 class SharedClusters:
@@ -98,17 +83,16 @@ class SharedClusters:
         self.starts: Counter = Counter()  # key -> clusters started (one per key, unless a server died)
 
     def get(self, key: str, model: str, owner: str):
-        recipe = RECIPES[key]
         if self.key == key and all(s.alive() for s in self.group.servers):
             if owner != self.owner:
-                recipe.clear(self.cluster)
+                self.cluster.clear_knobs()
                 self.owner = owner
             return self.cluster
         self.close()
         self.group = ServerGroup(self.log_dir, grace_s=0)
         self.key, self.owner = key, owner
         self.starts[key] += 1
-        self.cluster = recipe.start(self.group, model)
+        self.cluster = RECIPES[key](self.group, model)
         return self.cluster
 
     def close(self) -> None:

@@ -17,11 +17,11 @@ from sglang_pdd.lab.testing.pdd_client import held_on_main, relayed_generate, re
 from sglang_pdd.lab.testing.servers import http_json
 
 from .cluster import abort_while_held, decode_roles_idle, metric
+from .relay_checks import NEW, assert_identical, ref, relayed
 from .shared_cluster import OVERLAP, OVERLAP_PAGE as PAGE, cluster_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.shared_cluster(OVERLAP)]
 
-NEW = 64
 SEEDED = {"temperature": 0.8, "top_p": 0.9, "sampling_seed": 1234}
 
 
@@ -38,32 +38,6 @@ def reference_server(pdd):
     counts a penalized request's outputs one step late, so with penalties its logprobs differ from the
     non-overlap loop's (docs/overlap.md); without penalties the two loops give the same outputs."""
     return pdd.reference
-
-
-def ref(reference_server, ids, n=NEW, **sp) -> identity.Reference:
-    return identity.reference(reference_server.url, ids, n, **sp)
-
-
-def relayed(pdd, body, k: int | None = None, min_k: int = 2, **kw):
-    """One relayed request whose handoff happens after exactly `k` eager tokens (MD first, RLD's knob;
-    for a catch-up, its first chunk is answered at k and the final step comes later), or, with
-    `k=None`, every leg at once and at least `min_k` eager tokens."""
-    with pdd.knobs("relay", relay_min_eager=k if k is not None else min_k):
-        r = relayed_generate(pdd.roles, body, main_first=k is not None, **kw)
-    assert r.handed_over, r.relay["meta_info"]
-    catch_up = (kw.get("main_extra") or {}).get("handoff") == "catch-up"
-    if k is not None and not catch_up:
-        assert r.k == k, f"k={r.k}, not {k}"
-    assert r.k >= (k or min_k), f"k={r.k}"
-    return r
-
-
-def assert_identical(want: identity.Reference, r, what: str) -> None:
-    """RLD's stream is exactly t1..tk of the reference, MD's output (t1..tk then its own) all of it."""
-    identity.check(want, r.relay["output_ids"], f"{what}: RLD's eager tokens (k={r.k})", prefix=True)
-    assert len(r.relay["output_ids"]) == r.k
-    identity.check(want, r.main["output_ids"], f"{what}: MD after the handoff at k={r.k}")
-    assert r.tokens == r.main["output_ids"]
 
 
 def handoff_batches(pdd) -> dict[int, float]:

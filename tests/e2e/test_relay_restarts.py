@@ -7,11 +7,10 @@ import time
 
 import pytest
 
-from sglang_pdd.lab.testing import identity
 from sglang_pdd.lab.testing.client import greedy_body
-from sglang_pdd.lab.testing.pdd_client import relayed_generate
 
 from .cluster import decode_roles_idle, junk_at, metric
+from .relay_checks import assert_identical, ref, relayed
 from .shared_cluster import OVERLAP, cluster_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.shared_cluster(OVERLAP)]
@@ -26,25 +25,6 @@ def pdd(request, shared_clusters, tiny_model):
 def reference_server(pdd):
     """A single server on the decode roles' loop (test_relay_handoff's reference)."""
     return pdd.reference
-
-
-def ref(reference_server, ids, n) -> identity.Reference:
-    return identity.reference(reference_server.url, ids, n)
-
-
-def relayed(pdd, body, k: int):
-    """One relayed request, MD's legs first, RLD answering MD's Ready at exactly `k` eager tokens."""
-    with pdd.knobs("relay", relay_min_eager=k):
-        r = relayed_generate(pdd.roles, body, main_first=True)
-    assert r.handed_over and r.k == k, r.relay["meta_info"]
-    return r
-
-
-def assert_identical(want: identity.Reference, r, what: str) -> None:
-    """RLD's stream is exactly t1..tk of the reference, MD's output (t1..tk then its own) all of it."""
-    identity.check(want, r.relay["output_ids"], f"{what}: RLD's eager tokens (k={r.k})", prefix=True)
-    assert len(r.relay["output_ids"]) == r.k
-    identity.check(want, r.main["output_ids"], f"{what}: MD after the handoff at k={r.k}")
 
 
 def test_a_restarted_relay_hands_over_again_without_restarting_main(pdd, reference_server, prompts):

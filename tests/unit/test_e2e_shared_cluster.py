@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.e2e import shared_cluster
-from tests.e2e.shared_cluster import Recipe, SharedClusters, group_by_cluster
+from tests.e2e.shared_cluster import SharedClusters, group_by_cluster
 
 
 class Item:
@@ -38,19 +38,28 @@ class FakeServer:
         return self.up
 
 
+class FakeCluster(dict):
+    def __init__(self, calls):
+        super().__init__(server=FakeServer())
+        self.calls = calls
+
+    def clear_knobs(self):
+        self.calls.append(("clear",))
+
+
 @pytest.fixture
 def recipes(monkeypatch, tmp_path):
     calls = []
 
     def start(group, model):
         calls.append(("start", model))
-        cluster = {"server": FakeServer()}
+        cluster = FakeCluster(calls)
         group.servers.append(cluster["server"])
         return cluster
 
     monkeypatch.setattr(shared_cluster.ServerGroup, "stop", lambda self: calls.append(("stop", len(self.servers))))
-    monkeypatch.setitem(shared_cluster.RECIPES, "A", Recipe(start, lambda c: calls.append(("clear",))))
-    monkeypatch.setitem(shared_cluster.RECIPES, "B", Recipe(start, lambda c: calls.append(("clear",))))
+    monkeypatch.setitem(shared_cluster.RECIPES, "A", start)
+    monkeypatch.setitem(shared_cluster.RECIPES, "B", start)
     return calls, SharedClusters(str(tmp_path))
 
 
