@@ -144,6 +144,7 @@ def test_the_router_routes_on_mds_exact_cache(md, server_group, prompts, tiny_mo
     d2 = d1 + out + prompts.ids(60, seed=62)
     hit = md.wait_hit(d2, above=len(d1))
     seq = md.call(lambda: md.sub.feed.last_seq)
+
     def caught_up():
         view = router_view(router.url)
         return view is not None and view[0] >= seq and view[1] == 1
