@@ -2,7 +2,7 @@
 
     {"type": "pdd_handoff", "handoff_tokens": k, "mode": "one-shot" | "catch-up", "v": 1}
 
-RLD builds it (`relay/runtime.py`); the router (`router/stitch.py`) and a client driving the roles
+RLD builds it (`relay/runtime.py`); the router (`router/request/stitch.py`) and a client driving the roles
 itself (`testing/pdd_client.py`) read k from it. The router never shows it to its client. A finish
 without `v` is read as this version (as the token channel's messages are).
 """

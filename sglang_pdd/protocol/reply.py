@@ -33,7 +33,7 @@ class ReplyMetaError(ValueError):
 
 
 class MainChoiceMeta(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """Which MD the router chose and what the choice saw (`router.placement.MainChoice.public()`)."""
+    """Which MD the router chose and what the choice saw (`router.peers.placement.MainChoice.public()`)."""
 
     index: Count  # in --main order
     site: str | None = None

@@ -75,3 +75,16 @@ def with_params(body: dict, params: RequestParams) -> dict:
     sp = dict(body.get("sampling_params") or {})
     sp["custom_params"] = {**(sp.get("custom_params") or {}), **params.to_custom_params()}
     return {**body, "sampling_params": sp}
+
+
+def without_internal(sampling_params: dict) -> dict:
+    """A copy without the PDD parameters a client may have set (the router sets its own)."""
+    sp = dict(sampling_params)
+    custom = sp.get("custom_params")
+    if isinstance(custom, dict) and KEY in custom:
+        custom = {k: v for k, v in custom.items() if k != KEY}
+        if custom:
+            sp["custom_params"] = custom
+        else:
+            del sp["custom_params"]
+    return sp

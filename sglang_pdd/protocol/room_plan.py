@@ -8,7 +8,7 @@ host and port and its room; per pipeline:
   feeds MD too); MD's carries `relay_room=R` and RLD's token channel (see `protocol.request`).
 * P->RLD:     P and RLD room R (odd traffic: RLD finishes the request); MD is not asked.
 
-The router (`router/dispatch.py`) plans every request this way, and signs P's and MD's parameters
+The router (`router/request/dispatch.py`) plans every request this way, and signs P's and MD's parameters
 (`protocol.request_auth`); so do the clients that drive the roles by hand (`testing/pdd_client.py`,
 the fan-out and packed-WAN e2e tests), with the secret the servers hold.
 """

@@ -32,13 +32,15 @@ from sglang_pdd.policy.peer_choice import ChoiceConfig
 from sglang_pdd.policy.pipeline import PipelinePolicy, PipelinePolicyConfig
 from sglang_pdd.policy.site_links import SiteLinks
 from sglang_pdd.protocol.request_auth import ParamsSigner
-from sglang_pdd.router.admission import ModelLimits
+from sglang_pdd.router.api.admission import ModelLimits
 from sglang_pdd.router.app import RouterApp
-from sglang_pdd.router.client_auth import keys_from
-from sglang_pdd.router.front_door import FrontDoorConfig
-from sglang_pdd.router.dispatch import DispatchConfig, Dispatcher
-from sglang_pdd.router.peers import Peer, PeerPool
-from sglang_pdd.router import flags, kv_bytes, role_auth
+from sglang_pdd.router.api.client_auth import keys_from
+from sglang_pdd.router.api.front_door import FrontDoorConfig
+from sglang_pdd.router.request.dispatch import DispatchConfig, Dispatcher
+from sglang_pdd.router.peers.pool import Peer, PeerPool
+from sglang_pdd.router import flags
+from sglang_pdd.policy import kv_bytes
+from sglang_pdd.router.peers import role_auth
 
 
 def _peer_args(values: list[list[str]], role: str, default_port: int | None, flag: str) -> list[Peer]:
@@ -186,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def openai_frontend(args, model_name: str):
-    """sglang's OpenAI chat layer for the router (`router.openai_sglang`), or None for the builtin one;
+    """sglang's OpenAI chat layer for the router (`router.api.openai.sglang_server`), or None for the builtin one;
     a flag that cannot be served is refused here, naming it."""
     import importlib.util
 
@@ -200,7 +202,7 @@ def openai_frontend(args, model_name: str):
         return None
     if not have:
         raise SystemExit("sglang-pdd router: --openai-frontend sglang needs sglang installed beside the router")
-    from sglang_pdd.router.openai_sglang import OpenAIConfig, SglangOpenAI
+    from sglang_pdd.router.api.openai.sglang_server import OpenAIConfig, SglangOpenAI
 
     try:
         return SglangOpenAI(OpenAIConfig(args.tokenizer_path, model_name, args.tool_call_parser,

@@ -1,9 +1,9 @@
 """The PDD router's HTTP front: sglang-native /generate, OpenAI /v1/completions and
 /v1/chat/completions (streaming SSE and not), /v1/models, /metrics, and three probes: /live (the process
-serves), /ready (some pipeline can serve a request: `router.readiness`), /health (every role in service).
+serves), /ready (some pipeline can serve a request: `router.peers.readiness`), /health (every role in service).
 
-Clients come in through the front door (`router.front_door`: read deadlines, the connection cap;
-`router.client_auth`: API keys; `router.in_flight`: request caps); serve with `RouterApp.serve`."""
+Clients come in through the front door (`router.api.front_door`: read deadlines, the connection cap;
+`router.api.client_auth`: API keys; `router.api.in_flight`: request caps); serve with `RouterApp.serve`."""
 
 from __future__ import annotations
 
@@ -14,17 +14,19 @@ import msgspec
 from aiohttp import web
 
 from sglang_pdd.protocol.reply import KEY as REPLY_KEY, MainChoiceMeta, ReplyMeta
-from sglang_pdd.router import openai_api as oa
-from sglang_pdd.router.admission import BadRequest, ModelLimits
-from sglang_pdd.router import front_door, openai_chat
-from sglang_pdd.router.client_auth import ClientAuth
-from sglang_pdd.router.dispatch import PIPELINE_MODES, Dispatcher, Outcome, RequestFailed
-from sglang_pdd.router.front_door import FrontDoor, FrontDoorConfig
-from sglang_pdd.router.in_flight import InFlight
-from sglang_pdd.router.prepare import Busy, Prepared, Preparer
-from sglang_pdd.router.readiness import readiness
-from sglang_pdd.router.router_metrics import FirstToken, RouterMetrics  # noqa: F401 (RouterMetrics: imported from here)
-from sglang_pdd.router.stitch import Delta
+from sglang_pdd.router.api.openai import shapes as oa
+from sglang_pdd.router.api.admission import BadRequest, ModelLimits
+from sglang_pdd.router.api import front_door
+from sglang_pdd.router.api.openai import chat as openai_chat
+from sglang_pdd.router.api.client_auth import ClientAuth
+from sglang_pdd.router.request.dispatch import PIPELINE_MODES, Dispatcher, Outcome, RequestFailed
+from sglang_pdd.router.api.front_door import FrontDoor, FrontDoorConfig
+from sglang_pdd.router.api.in_flight import InFlight
+from sglang_pdd.router.api.prepare import Busy, Prepared, Preparer
+from sglang_pdd.router.peers.readiness import readiness
+from sglang_pdd.router.request.first_token import FirstToken
+from sglang_pdd.router.metrics import RouterMetrics  # noqa: F401 (RouterMetrics: imported from here)
+from sglang_pdd.router.request.stitch import Delta
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +82,7 @@ class RouterApp:
 
     async def ready(self, _req):
         """Readiness: 200 while some pipeline can serve a request (RLD alone counts), else 503 saying
-        what is missing (`router.readiness`)."""
+        what is missing (`router.peers.readiness`)."""
         r = readiness(self.d.prefill, self.d.relay, self.d.main, self.d.cfg.migration_limit, self.d.cfg.pipeline)
         return web.json_response(r.body(), status=200 if r.ready else 503)
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 import argparse
 
 from sglang_pdd.policy.peer_choice import POLICIES, ChoiceConfig
-from sglang_pdd.router import role_auth
-from sglang_pdd.router.client_auth import ENV_API_KEY
-from sglang_pdd.router.dispatch import PIPELINE_MODES
-from sglang_pdd.router.front_door import FrontDoorConfig
+from sglang_pdd.router.peers import role_auth
+from sglang_pdd.router.api.client_auth import ENV_API_KEY
+from sglang_pdd.router.request.dispatch import PIPELINE_MODES
+from sglang_pdd.router.api.front_door import FrontDoorConfig
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # sglang-router's
 
@@ -187,7 +187,7 @@ def build_parser(description: str = "the PDD router") -> argparse.ArgumentParser
 
 
 def _front_door_flags(ap: argparse.ArgumentParser) -> None:
-    """The front door (router.front_door, router.in_flight, router.client_auth) and request limits."""
+    """The front door (router.api.front_door, router.api.in_flight, router.api.client_auth) and request limits."""
     door = FrontDoorConfig()
     ap.add_argument("--context-length", type=int, default=None,
                     help="refuse (400) prompts + max tokens beyond this (default: the model's "

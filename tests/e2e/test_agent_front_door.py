@@ -3,7 +3,7 @@
 model and flags (`--tool-call-parser qwen25 --reasoning-parser qwen3`, grammar backend xgrammar: a
 reference server of this module's), on
 P->RLD->MD with a handoff before the output completes and on P->MD. The router serves chat through
-sglang's own OpenAI layer (`router.openai_sglang`): what is compared here is that the PDD stream under
+sglang's own OpenAI layer (`router.api.openai.sglang_server`): what is compared here is that the PDD stream under
 it is exact (the constraint's grammar across the handoff, logprobs, finish reasons) and that the
 router's answer is shaped as sglang's server's. Negative control: MD skipping the grammar's advance
 over the relayed tokens gives another tool call."""

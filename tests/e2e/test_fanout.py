@@ -171,7 +171,7 @@ class TestPageSize1:
 
     def test_the_lane_gauge_holds_the_main_leg_bytes_until_they_are_written(self, fan1, reference_server, prompts):
         """P's main lane shows the KV bytes it still holds for MD (`sglang_pdd_lane_queued_bytes`, which the
-        router's queue-aware WAN prediction reads: policy.wan_queue, router.bandwidth_feed): under a slow
+        router's queue-aware WAN prediction reads: policy.wan_queue, router.peers.bandwidth_feed): under a slow
         WAN write the request's main-leg chunk shows under MD's session while it is written, nothing once
         it is."""
         ids = prompts.ids(300, seed=861)  # never seen by MD: its whole prompt crosses

@@ -1,4 +1,4 @@
-"""The router's health probe (`router.health_probe`) on real sglang roles: P in prefill mode, RLD and
+"""The router's health probe (`router.peers.probe`) on real sglang roles: P in prefill mode, RLD and
 MD in decode mode each serve the one-token generate that carries sglang's fake bootstrap host (a lone
 generate cannot make a real KV transfer on a PD server), asked the way the router asks each role; and
 the health checker takes an ejected role back through it once its back-off is over, not before."""
@@ -8,9 +8,9 @@ import asyncio
 import aiohttp
 import pytest
 
-from sglang_pdd.router import health_probe
-from sglang_pdd.router.peer_health import HealthChecker
-from sglang_pdd.router.peers import Peer, PeerPool
+from sglang_pdd.router.peers import probe as health_probe
+from sglang_pdd.router.peers.health import HealthChecker
+from sglang_pdd.router.peers.pool import Peer, PeerPool
 
 from .shared_cluster import RELAY, cluster_for
 

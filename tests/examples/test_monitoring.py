@@ -66,7 +66,7 @@ def router_series() -> dict[str, set[str]]:
     """{exported name: label names} of every metric of a real RouterMetrics."""
     from prometheus_client.metrics import MetricWrapperBase
 
-    from sglang_pdd.router.router_metrics import RouterMetrics
+    from sglang_pdd.router.metrics import RouterMetrics
 
     out = {}
     for m in vars(RouterMetrics()).values():
@@ -259,7 +259,7 @@ def test_every_series_the_alerts_name_is_exported_and_the_asked_alerts_exist():
 
 
 def test_the_label_values_the_alerts_match_are_the_codes():
-    from sglang_pdd.router.migration import CAUSES
+    from sglang_pdd.router.request.migration.rules import CAUSES
 
     rules = alert_rules()
     causes = re.search(r'cause=~"([^"]+)"', rules["PddPeerFailing"]["expr"]).group(1).split("|")

@@ -26,7 +26,7 @@ from sglang_pdd.lab.testing.tiny_model import TinyModelSpec, build_cached
 from sglang_pdd.lab.workload.generator import measured
 from sglang_pdd.lab.workload.request import WorkloadRequest
 from sglang_pdd.lab.workload.trace import write_jsonl
-from sglang_pdd.router import kv_bytes
+from sglang_pdd.policy import kv_bytes
 
 logger = logging.getLogger(__name__)
 

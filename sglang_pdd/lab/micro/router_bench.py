@@ -33,8 +33,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from sglang_pdd.router.admission import ModelLimits
-from sglang_pdd.router.peers import Peer, PeerPool
+from sglang_pdd.router.api.admission import ModelLimits
+from sglang_pdd.router.peers.pool import Peer, PeerPool
 from sglang_pdd.lab.testing.servers import free_port
 
 VOCAB = 1024
@@ -67,7 +67,7 @@ def _serve_router(ports: list[int], port: int, cache_tokens: int) -> None:
     from aiohttp import web
 
     from sglang_pdd.router.app import RouterApp
-    from sglang_pdd.router.dispatch import DispatchConfig, Dispatcher
+    from sglang_pdd.router.request.dispatch import DispatchConfig, Dispatcher
     from sglang_pdd.lab.testing.fake_upstream import CharTokenizer
 
     url = [f"http://127.0.0.1:{p}" for p in ports]

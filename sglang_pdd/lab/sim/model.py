@@ -6,7 +6,7 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 
-from sglang_pdd.router import kv_bytes
+from sglang_pdd.policy import kv_bytes
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ DENSE_70B = ModelSpec("dense-70b", layers=80, hidden=8192, heads=64, head_dim=12
 def from_hf_config(name: str, config: dict, *, total_params: float, active_params: float,
                    weight_bytes_per_param: float = 1.0, expert_params: float = 0.0) -> ModelSpec:
     """A ModelSpec from a Hugging Face `config.json`: the KV bytes per token as the router computes them
-    (`router/kv_bytes.py`: MLA = one latent + rope row per layer; MHA/GQA = K and V per KV head), the
+    (`policy/kv_bytes.py`: MLA = one latent + rope row per layer; MHA/GQA = K and V per KV head), the
     experts from `n_routed_experts`/`num_experts_per_tok`. An MLA config's attention FLOPs are counted in
     the form sglang's prefill runs it (decompressed heads: QK over qk_nope + qk_rope, PV over v_head_dim),
     as one `head_dim` of their mean."""

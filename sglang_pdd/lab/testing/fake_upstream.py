@@ -21,10 +21,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from sglang_pdd.protocol.handoff_finish import HandoffFinish
-from sglang_pdd.router.admission import ModelLimits
+from sglang_pdd.router.api.admission import ModelLimits
 from sglang_pdd.router.app import RouterApp
-from sglang_pdd.router.dispatch import DispatchConfig, Dispatcher
-from sglang_pdd.router.peers import Peer, PeerPool
+from sglang_pdd.router.request.dispatch import DispatchConfig, Dispatcher
+from sglang_pdd.router.peers.pool import Peer, PeerPool
 
 
 def token(i: int) -> int:

@@ -7,11 +7,11 @@ from sglang_pdd.policy.bandwidth import BandwidthEstimator
 from sglang_pdd.policy.peer_choice import Candidate, ChoiceConfig, PeerChooser
 from sglang_pdd.policy.pipeline import PipelinePolicy, PipelinePolicyConfig
 from sglang_pdd.policy.site_links import SiteLinks
-from sglang_pdd.router import load_feed
+from sglang_pdd.router.peers import load_feed
 from sglang_pdd.router.__main__ import _peer_args, _site_links, build_parser
-from sglang_pdd.router.bandwidth_feed import TransferRateFeed
-from sglang_pdd.router.peers import Peer, PeerPool
-from sglang_pdd.router.placement import Placement
+from sglang_pdd.router.peers.bandwidth_feed import TransferRateFeed
+from sglang_pdd.router.peers.pool import Peer, PeerPool
+from sglang_pdd.router.peers.placement import Placement
 
 MB = 1e6
 

@@ -7,9 +7,9 @@ import contextlib
 from aiohttp.test_utils import TestClient, TestServer
 
 from sglang_pdd.lab.testing import fake_upstream as fu
-from sglang_pdd.router.admission import ModelLimits
+from sglang_pdd.router.api.admission import ModelLimits
 from sglang_pdd.router.app import RouterApp
-from sglang_pdd.router.dispatch import DispatchConfig, Dispatcher
+from sglang_pdd.router.request.dispatch import DispatchConfig, Dispatcher
 
 
 def config(pipeline: str = "direct", idle_s: float = 30.0, **kw) -> DispatchConfig:

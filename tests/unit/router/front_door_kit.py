@@ -8,11 +8,11 @@ import contextlib
 
 from sglang_pdd.lab.testing import fake_upstream as fu
 from sglang_pdd.metrics import parse_exposition
-from sglang_pdd.router import front_door
+from sglang_pdd.router.api import front_door
 from sglang_pdd.router.app import RouterApp
-from sglang_pdd.router.front_door import FrontDoorConfig
-from sglang_pdd.router.peers import PeerPool
-from sglang_pdd.router.stitch import Delta
+from sglang_pdd.router.api.front_door import FrontDoorConfig
+from sglang_pdd.router.peers.pool import PeerPool
+from sglang_pdd.router.request.stitch import Delta
 
 SAFETY_S = 30.0  # a safety net for a wait on observable state, never an assertion of speed
 LONG = dict(header_timeout_s=600, body_timeout_s=600, keepalive_timeout_s=600)

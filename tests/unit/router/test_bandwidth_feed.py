@@ -1,7 +1,7 @@
 """The router's bandwidth estimate follows the transfers prefill completed over the WAN paths."""
 
 from sglang_pdd.policy.bandwidth import BandwidthEstimator
-from sglang_pdd.router.bandwidth_feed import TransferRateFeed, wan_totals
+from sglang_pdd.router.peers.bandwidth_feed import TransferRateFeed, wan_totals
 
 
 def page(main_bytes, main_s, batches, relay_bytes=0.0):
@@ -44,7 +44,7 @@ def test_small_windows_accumulate_and_restarts_reset():
 
 def test_feed_tells_each_site_link_what_p_lane_holds_for_it():
     from sglang_pdd.policy.site_links import SiteLinks
-    from sglang_pdd.router.bandwidth_feed import queued_by_site
+    from sglang_pdd.router.peers.bandwidth_feed import queued_by_site
 
     links = SiteLinks.single(BandwidthEstimator(1e6), 0.0)
     links.add("b", 1e6, 0.0)

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from sglang_pdd.router.client_auth import ENV_API_KEY, ClientAuth, keys_from
-from sglang_pdd.router.router_metrics import RouterMetrics
+from sglang_pdd.router.api.client_auth import ENV_API_KEY, ClientAuth, keys_from
+from sglang_pdd.router.metrics import RouterMetrics
 
 from .front_door_kit import connect, metrics_text, refused, request, response, served
 

@@ -12,10 +12,10 @@ import json
 import pytest
 
 from sglang_pdd.lab.testing import fake_upstream as fu
-from sglang_pdd.router import front_door
+from sglang_pdd.router.api import front_door
 from sglang_pdd.router.app import RouterApp
-from sglang_pdd.router.dispatch import DispatchConfig, Dispatcher
-from sglang_pdd.router.front_door import FrontDoorConfig
+from sglang_pdd.router.request.dispatch import DispatchConfig, Dispatcher
+from sglang_pdd.router.api.front_door import FrontDoorConfig
 
 from .front_door_kit import (HoldingDispatcher, connect, metrics_text, refused, request, response, served,
                              until, until_closed)

@@ -1,4 +1,4 @@
-"""The router's KV bytes per token from a model's config.json (router/kv_bytes.py): MHA/GQA K and V per
+"""The router's KV bytes per token from a model's config.json (policy/kv_bytes.py): MHA/GQA K and V per
 KV head and layer, MLA one latent row (kv_lora_rank + qk_rope_head_dim) per layer; the test models'
 builders state their own figure, which the config must give."""
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from sglang_pdd.router import kv_bytes
+from sglang_pdd.policy import kv_bytes
 
 DEEPSEEK_V3 = {"num_hidden_layers": 61, "hidden_size": 7168, "num_attention_heads": 128, "num_key_value_heads": 128,
                "head_dim": 64, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,

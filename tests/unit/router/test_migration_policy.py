@@ -3,8 +3,8 @@
 import pytest
 
 from sglang_pdd.policy.pipeline import Pipeline
-from sglang_pdd.router import migration
-from sglang_pdd.router.upstream import UpstreamError
+from sglang_pdd.router.request.migration import rules as migration
+from sglang_pdd.router.peers.upstream import UpstreamError
 
 
 @pytest.mark.parametrize("role, main_ok, relay_ok, want, may_relay", [

@@ -10,8 +10,8 @@ import asyncio
 import pytest
 
 from sglang_pdd.lab.testing import fake_upstream as fu
-from sglang_pdd.router.admission import BadRequest, ModelLimits
-from sglang_pdd.router.prepare import Preparer
+from sglang_pdd.router.api.admission import BadRequest, ModelLimits
+from sglang_pdd.router.api.prepare import Preparer
 
 PREP = Preparer(fu.CharTokenizer(), ModelLimits(), 4, workers=1)
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}

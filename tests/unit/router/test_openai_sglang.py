@@ -1,4 +1,4 @@
-"""The router's chat endpoint through sglang's own OpenAI layer (`router.openai_sglang`), on the tiny
+"""The router's chat endpoint through sglang's own OpenAI layer (`router.api.openai.sglang_server`), on the tiny
 model's real tokenizer and chat template (Qwen2.5 tool format), over a scripted stitched stream: sglang
 converts the request (tools rendered, `tool_choice: required` constrained), sglang's parser turns the
 stream back into `tool_calls` (whole and streamed), logprobs with their top rows come out in OpenAI's
@@ -14,12 +14,12 @@ import types
 import pytest
 
 from sglang_pdd.lab.testing import fake_upstream as fu
-from sglang_pdd.router import openai_feed
-from sglang_pdd.router.admission import BadRequest, ModelLimits
-from sglang_pdd.router.dispatch import Outcome, RequestFailed
-from sglang_pdd.router.output_view import OutputView
-from sglang_pdd.router.prepare import Preparer
-from sglang_pdd.router.stitch import Delta
+from sglang_pdd.router.api.openai import feed as openai_feed
+from sglang_pdd.router.api.admission import BadRequest, ModelLimits
+from sglang_pdd.router.request.dispatch import Outcome, RequestFailed
+from sglang_pdd.router.request.output_view import OutputView
+from sglang_pdd.router.api.prepare import Preparer
+from sglang_pdd.router.request.stitch import Delta
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
@@ -28,7 +28,7 @@ CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</
 
 @pytest.fixture(scope="module")
 def layer(tiny_model):
-    from sglang_pdd.router.openai_sglang import OpenAIConfig, SglangOpenAI
+    from sglang_pdd.router.api.openai.sglang_server import OpenAIConfig, SglangOpenAI
 
     return SglangOpenAI(OpenAIConfig(tiny_model, "tiny", tool_call_parser="qwen25", reasoning_parser="qwen3"))
 
@@ -121,7 +121,7 @@ def test_sglangs_own_refusals_are_a_400(prep):
 
 
 def test_an_unknown_parser_is_refused_at_start_naming_the_flag(tiny_model):
-    from sglang_pdd.router.openai_sglang import OpenAIConfig, check_config
+    from sglang_pdd.router.api.openai.sglang_server import OpenAIConfig, check_config
 
     with pytest.raises(ValueError, match="--tool-call-parser"):
         check_config(OpenAIConfig(tiny_model, "tiny", tool_call_parser="nope"))

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from sglang_pdd.router.output_view import OutputView
+from sglang_pdd.router.request.output_view import OutputView
 from sglang_pdd.lab.testing import fake_upstream as fu
 
 
@@ -77,7 +77,7 @@ def test_the_client_gets_the_same_answer_from_incremental_and_cumulative_roles(p
 
 def test_negative_control_a_router_that_reads_deltas_as_cumulative_fails(monkeypatch):
     """The fakes really stream deltas: without telling the modes apart the stitcher sees the stream go back."""
-    from sglang_pdd.router import output_view
+    from sglang_pdd.router.request import output_view
 
     monkeypatch.setattr(output_view.OutputView, "incremental", property(lambda self: False, lambda self, v: None),
                         raising=False)

@@ -6,9 +6,9 @@ import asyncio
 import aiohttp
 import pytest
 
-from sglang_pdd.router import health_probe
-from sglang_pdd.router.peer_health import HealthChecker, PeerHealth
-from sglang_pdd.router.peers import Peer, PeerPool
+from sglang_pdd.router.peers import probe as health_probe
+from sglang_pdd.router.peers.health import HealthChecker, PeerHealth
+from sglang_pdd.router.peers.pool import Peer, PeerPool
 from sglang_pdd.lab.testing import fake_upstream as fu
 
 

@@ -14,8 +14,8 @@ import pytest
 
 from sglang_pdd.lab.testing import fake_upstream as fu
 from sglang_pdd.protocol.reply import ReplyMeta
-from sglang_pdd.router.peers import Peer, PeerPool
-from sglang_pdd.router.readiness import readiness
+from sglang_pdd.router.peers.pool import Peer, PeerPool
+from sglang_pdd.router.peers.readiness import readiness
 
 from .front_door_kit import HoldingDispatcher, connect, refused, metrics_text, request, response, served, until
 from .test_router_migration import PROMPT, _final, model, reference, run

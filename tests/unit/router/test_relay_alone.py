@@ -17,9 +17,9 @@ from sglang_pdd.policy.bandwidth import BandwidthEstimator
 from sglang_pdd.policy.pipeline import NO_MAIN, InService, Pipeline, PipelinePolicy, PipelinePolicyConfig, RouteInputs
 from sglang_pdd.protocol.reply import ReplyMeta
 from sglang_pdd.router.app import RouterApp
-from sglang_pdd.router.dispatch import DispatchConfig, Dispatcher
-from sglang_pdd.router.peers import Peer, PeerPool
-from sglang_pdd.router.placement import Placement
+from sglang_pdd.router.request.dispatch import DispatchConfig, Dispatcher
+from sglang_pdd.router.peers.pool import Peer, PeerPool
+from sglang_pdd.router.peers.placement import Placement
 
 KV = 16384
 FAST = PipelinePolicyConfig(kv_bytes_per_token=KV)  # 1 GB/s below: every prompt here fits P->MD's budget
@@ -110,7 +110,7 @@ def test_over_http_a_request_with_every_md_out_goes_p_rld_and_no_md_is_tried():
 
 
 def test_the_policy_reads_the_p_just_picked_and_its_queue():
-    from sglang_pdd.router import load_feed
+    from sglang_pdd.router.peers import load_feed
 
     pl = _placement()
     assert pl.policy.prefill_state() is None

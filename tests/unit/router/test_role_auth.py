@@ -11,10 +11,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from sglang_pdd.lab.testing import fake_upstream as fu
-from sglang_pdd.router import role_auth
-from sglang_pdd.router.admission import ModelLimits
+from sglang_pdd.router.peers import role_auth
+from sglang_pdd.router.api.admission import ModelLimits
 from sglang_pdd.router.app import RouterApp
-from sglang_pdd.router.dispatch import DispatchConfig, Dispatcher
+from sglang_pdd.router.request.dispatch import DispatchConfig, Dispatcher
 
 KEY = "role-key-0123"
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from sglang_pdd.router.admission import ModelLimits
+from sglang_pdd.router.api.admission import ModelLimits
 from sglang_pdd.lab.testing import fake_upstream as fu
 
 LIMITS = ModelLimits(vocab_size=1024, context_len=64)

@@ -5,8 +5,8 @@ the whole output; once the client reads again every token arrives, once, in orde
 import asyncio
 
 from sglang_pdd.lab.testing import fake_upstream as fu
-from sglang_pdd.router import dispatch
-from sglang_pdd.router.dispatch import Outcome
+from sglang_pdd.router.request import role_copies
+from sglang_pdd.router.request.dispatch import Outcome
 
 from .dispatch_client import config, router
 from .test_router_migration import model, run
@@ -16,16 +16,16 @@ CAP = 4
 
 
 def test_a_client_that_does_not_read_leaves_at_most_the_cap_queued(monkeypatch):
-    monkeypatch.setattr(dispatch, "QUEUE_CHUNKS", CAP)
+    monkeypatch.setattr(role_copies, "QUEUE_CHUNKS", CAP)
     seen: list = []
-    start = dispatch.Dispatcher._start
+    start = role_copies.RoleCopies.start
 
     def recording_start(self, calls, deadline):
         queues, tasks = start(self, calls, deadline)
         seen.append(queues)
         return queues, tasks
 
-    monkeypatch.setattr(dispatch.Dispatcher, "_start", recording_start)
+    monkeypatch.setattr(role_copies.RoleCopies, "start", recording_start)
 
     async def go():
         async with fu.FakeCluster() as cl:

@@ -94,7 +94,7 @@ def test_a_failing_prefill_ends_the_request_while_md_waits_for_its_kv(stream):
 
 def test_an_exception_in_a_role_task_ends_the_request(monkeypatch):
     """Not an UpstreamError: a bug in the stream handling must still reach the client as an error."""
-    from sglang_pdd.router import upstream
+    from sglang_pdd.router.peers import upstream
 
     async def broken(*a, **kw):
         raise KeyError("surprise")
@@ -151,7 +151,7 @@ def test_a_client_gone_mid_stream_aborts_every_role(path, role):
 def test_a_handler_cancelled_while_letting_go_still_aborts_every_role():
     """aiohttp may cancel the handler when the connection drops just after a write to it failed: the
     clean-up is already running then, and must not be cut short (found under uvloop: no role was told)."""
-    from sglang_pdd.router.dispatch import DispatchConfig, Dispatcher, Outcome
+    from sglang_pdd.router.request.dispatch import DispatchConfig, Dispatcher, Outcome
 
     async def go():
         async with fu.FakeCluster() as cl:
@@ -162,7 +162,7 @@ def test_a_handler_cancelled_while_letting_go_still_aborts_every_role():
                 stream = d.generate([5, 6], {"max_new_tokens": 9000}, {}, Outcome())
                 await stream.__anext__()
                 closing = asyncio.create_task(stream.aclose())
-                while not d._releasing:  # the clean-up started
+                while not d.copies.releasing:  # the clean-up started
                     await asyncio.sleep(0)
                 closing.cancel()
                 while not (cl.relay.aborts and cl.main.aborts and cl.prefill.aborts):  # bounded by run()
@@ -306,7 +306,7 @@ def test_a_late_prefill_reply_counts_against_p_only_when_p_answered_nobody(other
 
 
 def test_a_requests_own_idle_allowance():
-    from sglang_pdd.router.idle_deadline import allowance_s, extra_tokens
+    from sglang_pdd.router.request.idle_deadline import allowance_s, extra_tokens
 
     assert extra_tokens({"stream_interval": 4, "stop": ["ab", "€"]}) == 3 + 3  # "€" is 3 UTF-8 bytes
     assert extra_tokens({"stop": "xyz"}) == 3 and extra_tokens({"stream_interval": True}) == 0

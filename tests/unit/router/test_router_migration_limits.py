@@ -1,5 +1,5 @@
 """Migrations are spread and rate-limited (issue 31): a random jitter before each, a token bucket over
-all (`router.migration_limits`); over the limit a request fails with its own 503 instead of
+all (`router.request.migration.limits`); over the limit a request fails with its own 503 instead of
 migrating. Seeded random source, fake clock and recorded sleeps: no wall-clock."""
 
 import json
@@ -8,7 +8,7 @@ import random
 import pytest
 
 from sglang_pdd.lab.testing import fake_upstream as fu
-from sglang_pdd.router.migration_limits import MigrationLimits
+from sglang_pdd.router.request.migration.limits import MigrationLimits
 
 from .dispatch_client import config, router
 from .test_router_migration import _body, _migrations, model, reference, run

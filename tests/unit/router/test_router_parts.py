@@ -1,9 +1,9 @@
 import pytest
 
 from sglang_pdd.lab.testing import fake_upstream as fu
-from sglang_pdd.router import openai_api as oa
+from sglang_pdd.router.api.openai import shapes as oa
 from sglang_pdd.router.__main__ import _peer_args, build_parser
-from sglang_pdd.router.peers import Peer, PeerPool
+from sglang_pdd.router.peers.pool import Peer, PeerPool
 
 
 def test_openai_sampling_params_map_to_sglang_names():

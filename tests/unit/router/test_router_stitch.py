@@ -1,6 +1,6 @@
 import pytest
 
-from sglang_pdd.router.stitch import Stitcher, StitchError
+from sglang_pdd.router.request.stitch import Stitcher, StitchError
 
 
 def byte_decode(ids):
@@ -160,7 +160,7 @@ def test_end_at_part_of_a_chunk_flushes_its_text():
 
 
 def test_the_stop_watch_finds_a_string_across_the_boundary_token_by_token():
-    from sglang_pdd.router.stop_watch import StopWatch
+    from sglang_pdd.router.request.stop_watch import StopWatch
 
     w = StopWatch(["cde", "zz"], byte_decode)
     ids = list(b"xxabc")
@@ -171,7 +171,7 @@ def test_the_stop_watch_finds_a_string_across_the_boundary_token_by_token():
 
 
 def test_the_stop_watch_across_a_split_character_and_its_limits():
-    from sglang_pdd.router.stop_watch import StopWatch
+    from sglang_pdd.router.request.stop_watch import StopWatch
 
     euro = list("€".encode())
     w = StopWatch("€b", byte_decode)

@@ -8,10 +8,10 @@ from aiohttp.test_utils import TestClient, TestServer
 from sglang_pdd.lab.testing import fake_upstream as fu
 from sglang_pdd.metrics import parse_exposition
 from sglang_pdd.router.app import RouterApp
-from sglang_pdd.router.peers import Peer, PeerPool
-from sglang_pdd.router.dispatch import RequestFailed
+from sglang_pdd.router.peers.pool import Peer, PeerPool
+from sglang_pdd.router.request.dispatch import RequestFailed
 from sglang_pdd.policy.pipeline import Pipeline
-from sglang_pdd.router.stitch import Delta
+from sglang_pdd.router.request.stitch import Delta
 
 
 class FakeDispatcher:

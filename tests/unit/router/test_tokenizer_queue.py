@@ -10,8 +10,8 @@ import threading
 import pytest
 
 from sglang_pdd.lab.testing import fake_upstream as fu
-from sglang_pdd.router.admission import ModelLimits
-from sglang_pdd.router.prepare import Busy, Preparer
+from sglang_pdd.router.api.admission import ModelLimits
+from sglang_pdd.router.api.prepare import Busy, Preparer
 
 from .front_door_kit import connect, metrics_text, refused, request, response, served, until
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from sglang_pdd.router.stitch import REPLACEMENT
+from sglang_pdd.router.request.stitch import REPLACEMENT
 
 
 class StopWatch:

@@ -6,9 +6,9 @@ straddling the boundary ends the stream where it completes (`stop_watch.StopWatc
 from __future__ import annotations
 
 from sglang_pdd.protocol.handoff_finish import HandoffFinish
-from sglang_pdd.router import migration
-from sglang_pdd.router.stitch import Delta, Stitcher, StitchError
-from sglang_pdd.router.stop_watch import StopWatch
+from sglang_pdd.router.request.migration import rules as migration
+from sglang_pdd.router.request.stitch import Delta, Stitcher, StitchError
+from sglang_pdd.router.request.stop_watch import StopWatch
 
 
 def feeds(stitcher: Stitcher, offset: int, relayed: bool, watch: StopWatch | None = None):

@@ -6,7 +6,7 @@ own `SamplingParams.verify` ranges), the prompt must be token IDs of the model's
 its context with the requested output.
 
 The router owns the PDD parameters (`custom_params.pdd`, see `protocol.request`): whatever a client
-put there is dropped before the router adds its own, on every endpoint (`without_internal`). The
+put there is dropped before the router adds its own, on every endpoint (`protocol.request.without_internal`, which the dispatcher applies). The
 other internal keys of a role's body (bootstrap host/port/room, rid) are never copied from a client's
 body: the dispatcher builds each role's body from the prompt and the sampling parameters only.
 """
@@ -18,7 +18,6 @@ import math
 import os
 from dataclasses import dataclass
 
-from sglang_pdd.protocol.request import KEY as PDD_KEY
 
 
 class BadRequest(ValueError):
@@ -99,19 +98,6 @@ class ModelLimits:
             c = {}
         c = c.get("text_config", c) if isinstance(c.get("text_config"), dict) else c
         return cls(vocab_size=c.get("vocab_size"), context_len=context_len or c.get("max_position_embeddings"))
-
-
-def without_internal(sampling_params: dict) -> dict:
-    """A copy without the PDD parameters a client may have set (the router sets its own)."""
-    sp = dict(sampling_params)
-    custom = sp.get("custom_params")
-    if isinstance(custom, dict) and PDD_KEY in custom:
-        custom = {k: v for k, v in custom.items() if k != PDD_KEY}
-        if custom:
-            sp["custom_params"] = custom
-        else:
-            del sp["custom_params"]
-    return sp
 
 
 def _is_int(v) -> bool:

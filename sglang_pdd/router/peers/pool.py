@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from urllib.parse import urlparse
 
 from sglang_pdd.policy.peer_choice import Candidate, Choice, ChoiceConfig, PeerChooser
-from sglang_pdd.router.peer_health import PeerHealth
+from sglang_pdd.router.peers.health import PeerHealth
 
 
 @dataclass

@@ -4,7 +4,7 @@ With one or more API keys configured (`--api-key`, or `SGLANG_PDD_ROUTER_API_KEY
 the probes (`/live`, `/ready`, `/health`) and `/metrics` (Kubernetes, Prometheus) must carry one of
 them; otherwise it is answered 401 with an OpenAI-shaped error (`refused{reason="auth"}`). Keys are
 compared as SHA-256 digests with `hmac.compare_digest`, against every key (the time taken says nothing
-of which key, or how much of it, matched). A request's client, for the per-client in-flight cap (`router.in_flight`), is then the key it
+of which key, or how much of it, matched). A request's client, for the per-client in-flight cap (`router.api.in_flight`), is then the key it
 presented (as its index, never the key), else the peer address.
 """
 

@@ -41,7 +41,7 @@ CONSTRAINED = ("regex", "json_schema", "ebnf", "structural_tag")
 def cause_of(e: BaseException) -> str | None:
     """The migration cause of a role's failure, or None when it is not the role's fault (4xx) or not
     an upstream failure at all."""
-    from sglang_pdd.router.upstream import UpstreamError
+    from sglang_pdd.router.peers.upstream import UpstreamError
 
     if not isinstance(e, UpstreamError):
         return None

@@ -11,7 +11,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from sglang_pdd.router.admission import BadRequest, ModelLimits, check_sampling
+from sglang_pdd.router.api.admission import BadRequest, ModelLimits, check_sampling
 
 SAMPLING_KEYS = {  # OpenAI name -> sglang sampling_params name
     "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",

@@ -106,7 +106,7 @@ class HealthChecker:
         await asyncio.gather(*jobs)
 
     async def _check(self, session: aiohttp.ClientSession, role: str, peer) -> None:
-        from sglang_pdd.router import health_probe
+        from sglang_pdd.router.peers import probe as health_probe
 
         try:
             async with session.get(peer.url + "/health", timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as r:

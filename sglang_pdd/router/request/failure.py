@@ -3,7 +3,7 @@ no server); `RoleFailure` is a role's failure as the dispatcher's drain met it, 
 
 from __future__ import annotations
 
-from sglang_pdd.router import upstream
+from sglang_pdd.router.peers import upstream
 
 
 class RequestFailed(RuntimeError):

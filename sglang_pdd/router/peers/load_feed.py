@@ -9,8 +9,8 @@ the larger of the two. A peer whose page cannot be read keeps its last figures.
 from __future__ import annotations
 
 from sglang_pdd.metrics import parse_exposition
-from sglang_pdd.router import metrics_poll
-from sglang_pdd.router.peers import Peer
+from sglang_pdd.router.peers import metrics_poll
+from sglang_pdd.router.peers.pool import Peer
 
 RUNNING, USAGE = "sglang:num_running_reqs", "sglang:token_usage"
 WAITING = "sglang:num_queue_reqs"  # waiting for a forward (on P: its prefill queue, the pipeline policy's slack)

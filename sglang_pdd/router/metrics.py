@@ -4,10 +4,8 @@ configured limits and every refusal by reason)."""
 
 from __future__ import annotations
 
-import time
-
 from sglang_pdd.policy.pipeline import NO_MAIN
-from sglang_pdd.router.dispatch import Outcome
+from sglang_pdd.router.request.dispatch import Outcome
 
 # Why the front door refused a connection or a request (sglang_pdd_router_refused_total{reason}).
 REFUSALS = ("connections", "in-flight", "per-client", "tokenizer-queue", "header-timeout", "body-timeout", "auth")
@@ -24,20 +22,6 @@ def _relay_alone_kind(reason: str) -> str:
     if reason.startswith("odd"):
         return "odd-traffic"
     return "no-main" if reason.startswith(NO_MAIN) else "relay-only"
-
-
-class FirstToken:
-    """Observes one request's time to first token (from its arrival at the router) once, on the first
-    delta that carries tokens; the pipeline label is the one the dispatcher chose."""
-
-    def __init__(self, metrics: "RouterMetrics", outcome: Outcome, t0: float):
-        self.metrics, self.outcome, self.t0, self.seen = metrics, outcome, t0, False
-
-    def tick(self, delta) -> None:
-        if not self.seen and delta.token_ids:
-            self.seen = True
-            pipe = self.outcome.pipeline.value if self.outcome.pipeline else "none"
-            self.metrics.ttft.labels(pipe).observe(time.perf_counter() - self.t0)
 
 
 class RouterMetrics:

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import AsyncIterator, Callable
 
-from sglang_pdd.router.dispatch import Outcome
-from sglang_pdd.router.openai_api import StopTrim
-from sglang_pdd.router.request_failure import RequestFailed
-from sglang_pdd.router.stitch import Delta
+from sglang_pdd.router.request.dispatch import Outcome
+from sglang_pdd.router.api.openai.shapes import StopTrim
+from sglang_pdd.router.request.failure import RequestFailed
+from sglang_pdd.router.request.stitch import Delta
 
 
 WEIGHT_VERSION = "default"  # sglang's default --weight-version (the roles' is not in their stream chunks)

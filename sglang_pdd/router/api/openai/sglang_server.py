@@ -7,7 +7,7 @@ sglang's reasoning parsers (`--reasoning-parser`, `separate_reasoning`), OpenAI 
 `top_logprobs`, streaming deltas shaped as sglang shapes them. None of that is re-implemented here: the
 router builds sglang's `OpenAIServingChat` once, over a stand-in for sglang's TokenizerManager
 (`_Tokenizing`), and hands it what sglang's TokenizerManager would have produced for the request, from
-the stitched PDD stream (`router.openai_feed`). What goes to the roles is sglang's own conversion of
+the stitched PDD stream (`router.api.openai.feed`). What goes to the roles is sglang's own conversion of
 the request (`GenerateReqInput`: prompt token IDs and sampling parameters, constraints included).
 
 sglang reads its server configuration from a process-wide context: the router publishes a ServerArgs
@@ -21,7 +21,7 @@ import copy
 import logging
 from dataclasses import dataclass
 
-from sglang_pdd.router.admission import BadRequest
+from sglang_pdd.router.api.admission import BadRequest
 
 logger = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ byte now and then holds a connection, and a request, forever). Here:
 The head deadline sits on the connection (`_Connection`, aiohttp's `RequestHandler` with a timer), so the
 router serves through `FrontDoorSite` (`serve`, `start`) rather than `web.run_app`; the runner cancels a
 handler whose client went away (`handler_cancellation`), so the dispatcher aborts every role's copy of a
-request the client left, streamed or not. Request caps and client keys are `router.in_flight` and
-`router.client_auth`.
+request the client left, streamed or not. Request caps and client keys are `router.api.in_flight` and
+`router.api.client_auth`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 # The head deadline reads how many request heads aiohttp's parser completed on the connection.
 if "_request_count" not in getattr(web.RequestHandler, "__slots__", ()):  # pragma: no cover - an aiohttp change
-    raise ImportError("sglang_pdd.router.front_door: this aiohttp's RequestHandler has no _request_count, "
+    raise ImportError("sglang_pdd.router.api.front_door: this aiohttp's RequestHandler has no _request_count, "
                       "which the header timeout reads (aiohttp 3.14 has it)")
 
 

@@ -21,8 +21,9 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from sglang_pdd.router import openai_api as oa, openai_sglang
-from sglang_pdd.router.admission import BadRequest, ModelLimits, check_not_yet, check_prompt, check_sampling
+from sglang_pdd.router.api.openai import shapes as oa
+from sglang_pdd.router.api.openai import sglang_server as openai_sglang
+from sglang_pdd.router.api.admission import BadRequest, ModelLimits, check_not_yet, check_prompt, check_sampling
 
 
 def _refuse_constant(name: str):
@@ -39,7 +40,7 @@ class Prepared:
     body: dict  # the client's body as parsed (for the router's own keys: stream, pdd_pipeline, ...)
     ids: list[int]
     sampling_params: dict
-    chat: tuple | None = None  # sglang's (GenerateReqInput, ChatCompletionRequest): `router.openai_sglang`
+    chat: tuple | None = None  # sglang's (GenerateReqInput, ChatCompletionRequest): `router.api.openai.sglang_server`
 
 
 def longest_token_chars(tokenizer) -> int | None:

@@ -22,7 +22,7 @@ import secrets
 
 import aiohttp
 
-from sglang_pdd.router import upstream
+from sglang_pdd.router.peers import upstream
 
 FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # sglang's marker (disaggregation.utils): no real KV transfer
 PROBE_IDS = (10, 11, 12, 13)  # sglang's own warm-up prompt: valid for any vocabulary

@@ -1,14 +1,14 @@
 """Talking to one sglang server's native API from the router (aiohttp): streamed /generate, abort.
 
 sglang streams cumulative `output_ids` (and logprobs) unless started with
-`--incremental-streaming-output` (`router.output_view` reads both): one SSE line grows with the
+`--incremental-streaming-output` (`router.request.output_view` reads both): one SSE line grows with the
 output, past aiohttp's line limit (`readline` raises `LineTooLong`) for long outputs with logprobs.
 Lines are cut here from raw chunks instead, bounded only by `MAX_LINE` (far beyond any real output).
 
 An `UpstreamError` keeps two messages: `str(e)` names the server's URL (for the router's log) and
 `public` does not (for the client); `status` is the upstream's HTTP status or the `code` sglang
 reported inside a 200 stream (None when the server could not be reached or broke the stream);
-`kind` says how it failed (http, error, abort, unreachable, broken, timeout; see `router.migration`).
+`kind` says how it failed (http, error, abort, unreachable, broken, timeout; see `router.request.migration.rules`).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ RLD streams t1..tk and ends with the internal `pdd_handoff` finish (`protocol.ha
 output then starts over at t1 (its `output_ids` hold the eager tokens it took over) and goes on. The
 client sees t1..tk from RLD, then MD's tokens from index k on. If RLD finishes the request itself
 (EOS, stop, length), its finish is final and MD's stream is ignored. The handoff finish never
-reaches the client. Both feeds take a copy's cumulative `output_ids` (`router.output_view` builds
+reaches the client. Both feeds take a copy's cumulative `output_ids` (`router.request.output_view` builds
 them from a server streaming deltas, `--incremental-streaming-output`). A migrated copy's outputs
 follow the tokens the client already has (`resume`; `offset`), with a handoff of its own when it
 goes P->RLD->MD.

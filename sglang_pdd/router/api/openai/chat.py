@@ -1,9 +1,9 @@
-"""/v1/chat/completions through sglang's own OpenAI chat layer (`router.openai_sglang`).
+"""/v1/chat/completions through sglang's own OpenAI chat layer (`router.api.openai.sglang_server`).
 
 The request was converted in a tokenizer thread (`prepare.Preparer`): sglang's `GenerateReqInput`
 (prompt IDs, sampling parameters with any tool or response-format constraint, logprob options). Here
 it goes through PDD's dispatcher like any request, and sglang's chat class builds the answer from the
-stitched stream (`router.openai_feed`): the whole response, or the SSE chunks as sglang's server
+stitched stream (`router.api.openai.feed`): the whole response, or the SSE chunks as sglang's server
 streams them. The router's own rules hold as for every endpoint: an error before the first token is
 answered with its status, one after it ends the stream with an error chunk; the client leaving aborts
 every role's copy (the caller closes the dispatcher's stream).
@@ -15,9 +15,9 @@ import uuid
 
 from aiohttp import web
 
-from sglang_pdd.router import openai_feed
-from sglang_pdd.router.dispatch import Outcome, RequestFailed
-from sglang_pdd.router.router_metrics import FirstToken
+from sglang_pdd.router.api.openai import feed as openai_feed
+from sglang_pdd.router.request.dispatch import Outcome, RequestFailed
+from sglang_pdd.router.request.first_token import FirstToken
 
 
 def role_extra(adapted) -> dict:

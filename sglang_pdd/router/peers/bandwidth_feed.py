@@ -23,7 +23,7 @@ from typing import Callable
 from sglang_pdd.metrics import parse_exposition
 from sglang_pdd.policy.bandwidth import BandwidthEstimator
 from sglang_pdd.policy.site_links import SiteLinks
-from sglang_pdd.router import metrics_poll
+from sglang_pdd.router.peers import metrics_poll
 
 WAN_PATHS = ("main",)
 DIRECT_PATH = "direct"

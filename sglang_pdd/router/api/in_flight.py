@@ -1,6 +1,6 @@
 """How many requests the router serves at once: in all (`--max-in-flight`; over it 503) and per client
 (`--max-in-flight-per-client`; over it 429), both with Retry-After. A client is its API key when the
-router has keys (`router.client_auth`), else its peer address. The probes (`/live`, `/ready`, `/health`)
+router has keys (`router.api.client_auth`), else its peer address. The probes (`/live`, `/ready`, `/health`)
 and `/metrics` are not counted (`client_auth.OPEN_PATHS`: probes and scrapes must get through a full
 router). A request counts from its head to its response's end, its body read and tokenization
 included.
@@ -12,7 +12,7 @@ from collections import defaultdict
 
 from aiohttp import web
 
-from sglang_pdd.router.client_auth import CLIENT, OPEN_PATHS
+from sglang_pdd.router.api.client_auth import CLIENT, OPEN_PATHS
 
 
 class InFlight:

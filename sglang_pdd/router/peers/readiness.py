@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sglang_pdd.policy.pipeline import Pipeline
-from sglang_pdd.router.peers import PeerPool
+from sglang_pdd.router.peers.pool import PeerPool
 
 
 @dataclass(frozen=True)

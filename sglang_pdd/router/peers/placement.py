@@ -16,7 +16,7 @@ from sglang_pdd.router.cache import CacheView
 from sglang_pdd.router.cache.kv_subscriber import KvEventSource, KvEventSubscriber, main_views
 from sglang_pdd.router.cache.prefix_view import PrefixView
 from sglang_pdd.policy.pipeline import InService, PipelinePolicy, PrefillState
-from sglang_pdd.router.peers import Peer, PeerPool
+from sglang_pdd.router.peers.pool import Peer, PeerPool
 
 
 @dataclass(frozen=True)
