@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from sglang_pdd.protocol.env_secret import env_or_file
-from sglang_pdd.roles import ROLE_CHOICES, Role
+from sglang_pdd.server.roles import ROLE_CHOICES, Role
 
 ENV_CONFIG = "SGLANG_PDD_CONFIG"  # JSON of PddConfig, set by the launcher for its children
 MIN_SECRET_BYTES = 16  # a shorter shared secret is refused at start-up, naming the variable

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sglang_pdd import config, supported
+from sglang_pdd import config
+from sglang_pdd.server import supported
 
 PREFIX = "pdd_"
 
@@ -54,7 +55,7 @@ def server_args_and_config(**kwargs) -> tuple[Any, config.PddConfig]:
         cfg = supported.validated(_Args(server_args, pdd))
     except config.PddConfigError as e:
         raise ValueError(f"sglang-pdd: error: {e}") from None
-    from sglang_pdd.idle_wait import configure_server_args
+    from sglang_pdd.server.idle_wait import configure_server_args
 
     configure_server_args(server_args, cfg)  # patch 0005: sglang's own idle wait
     return server_args, cfg

@@ -13,7 +13,7 @@ a target it cannot resolve, which would silently turn the plugin off after an sg
 On an sglang with the upstream-style series of patches/ applied, a hook whose job an extension point
 of the series does (`CAPABILITIES`) is not registered; `load()` logs which path each takes.
 
-Without `--pdd-role` every hook is inert except the input guard (see sglang_pdd.input_guard), which
+Without `--pdd-role` every hook is inert except the input guard (see sglang_pdd.server.input_guard), which
 only turns requests that would crash upstream sglang into clear 400 errors.
 """
 
@@ -237,7 +237,7 @@ def load() -> None:
             raise SystemExit(msg)
         raise PluginLoadError(msg)
     _log_capabilities()
-    from sglang_pdd import thread_names  # ctypes and subprocess: not at plugin import
+    from sglang_pdd.server import thread_names  # ctypes and subprocess: not at plugin import
     from sglang_pdd.process_state import capabilities
 
     thread_names.install()  # only with SGLANG_PDD_THREAD_NAMES=1 (the benchmark's servers)

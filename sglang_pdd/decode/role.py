@@ -22,7 +22,7 @@ import logging
 import time
 from typing import Any
 
-from sglang_pdd import metrics
+from sglang_pdd.server import metrics
 from sglang_pdd.decode.request_errors import end_queued
 from sglang_pdd.transfer import pool_state
 

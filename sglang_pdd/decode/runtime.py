@@ -17,7 +17,7 @@ import logging
 
 from sglang_pdd.config import PddConfig
 from sglang_pdd.decode.role import DecodeRole
-from sglang_pdd.roles import Role
+from sglang_pdd.server.roles import Role
 from sglang_pdd.test_switches import TestSwitches, for_process
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """Scheduler idle hooks: wait on in-flight work instead of spinning (`--pdd-idle-wait-ms`).
 
 Inert (one attribute read per idle iteration) unless the config sets an idle wait: every PDD role
-by default, a plain server when it passes the flag. The logic is sglang_pdd.idle_wait.
+by default, a plain server when it passes the flag. The logic is sglang_pdd.server.idle_wait.
 
 On an sglang with patch 0005 the `on_idle` hook is not registered (plugin.CAPABILITIES):
 `use_idle_waiter` hands the token channel's sockets and the wake-ups to sglang's IdleWaiter, and
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import zmq
 
-from sglang_pdd import idle_wait
+from sglang_pdd.server import idle_wait
 from sglang_pdd.config import PddConfig
 from sglang_pdd.process_state import fanout
 from sglang_pdd.transfer.mooncake_fanout import REFUSED_REASON, refuse_room

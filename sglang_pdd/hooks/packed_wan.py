@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 
-from sglang_pdd import supported
+from sglang_pdd.server import supported
 from sglang_pdd.process_state.packed_wan import cfg, receiver, receiving, sending
 from sglang_pdd.transfer import kv_pool_view
 from sglang_pdd.transfer.packed_receiver import FAILED, SUCCESS

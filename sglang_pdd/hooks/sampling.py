@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 
 from sglang_pdd.config import PddConfig
-from sglang_pdd.seeded_sampling import attach_seeds
+from sglang_pdd.server.seeded_sampling import attach_seeds
 
 
 @functools.lru_cache(maxsize=1)

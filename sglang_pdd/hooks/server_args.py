@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from sglang_pdd import __version__, config, supported
+from sglang_pdd import __version__, config
+from sglang_pdd.server import supported
 
 logger = logging.getLogger(__name__)
 
@@ -22,7 +23,7 @@ def after_from_cli_args(server_args, _cls, args, *, require_hooks_applied: Calla
         raise SystemExit(f"sglang-pdd: error: {e}") from None
     if cfg.active:
         require_hooks_applied()
-    from sglang_pdd.idle_wait import configure_server_args
+    from sglang_pdd.server.idle_wait import configure_server_args
 
     configure_server_args(server_args, cfg)  # patch 0005: sglang's own idle wait
     server_args._pdd_config = cfg.to_json()  # bookkeeping: survives pickling to the schedulers

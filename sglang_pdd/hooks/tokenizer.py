@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sglang_pdd.input_guard import check_input_ids
+from sglang_pdd.server.input_guard import check_input_ids
 
 
 def before_validate_one_request(manager, obj, input_ids, *args, **kwargs) -> None:

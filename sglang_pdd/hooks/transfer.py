@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import time
 
-from sglang_pdd import metrics, test_switches
+from sglang_pdd import test_switches
+from sglang_pdd.server import metrics
 from sglang_pdd.config import PddConfig
 from sglang_pdd.process_state import packed_wan
 from sglang_pdd.process_state.transfer_ledger import LEDGER

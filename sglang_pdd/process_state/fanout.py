@@ -5,11 +5,12 @@ from __future__ import annotations
 import functools
 import logging
 
-from sglang_pdd import metrics, test_switches
+from sglang_pdd import test_switches
+from sglang_pdd.server import metrics
 from sglang_pdd.config import ENV_SECRET, PddConfig
 from sglang_pdd.protocol.request_auth import verifier_or_none
 from sglang_pdd.process_state.transfer_ledger import LEDGER
-from sglang_pdd.roles import Role
+from sglang_pdd.server.roles import Role
 from sglang_pdd.transfer.fanout import Poll
 from sglang_pdd.transfer.lanes import MAIN_PATH, RELAY_PATH, FanoutRegistry, MainLanes
 from sglang_pdd.transfer.mooncake_fanout import FanoutBuilder

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import functools
 
-from sglang_pdd import metrics, test_switches
+from sglang_pdd import test_switches
+from sglang_pdd.server import metrics
 from sglang_pdd.config import PddConfig
-from sglang_pdd.roles import Role
+from sglang_pdd.server.roles import Role
 from sglang_pdd.transfer.packed_receiver import PackedReceiver
 from sglang_pdd.transfer.packed_sender import PackedSender
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sglang_pdd import metrics
+from sglang_pdd.server import metrics
 from sglang_pdd.transfer.accounting import TransferLedger
 
 LEDGER = TransferLedger(on_record=metrics.record_transfer)

@@ -3,7 +3,7 @@
 A `TransferLedger` keeps, per (kind, peer), the bytes and batches that completed and the batches that
 failed. `kind` says what the bytes were ("kv", "aux", or "other"); callers higher up set it for the
 current thread with `ledger.kind("kv")`, since the engine call itself cannot tell. Every record is
-also exported as Prometheus counters (see sglang_pdd.metrics), so `/metrics` of a server shows them.
+also exported as Prometheus counters (see sglang_pdd.server.metrics), so `/metrics` of a server shows them.
 
 Each record also has a `path`: which leg of PDD the bytes took. A thread that only moves one path's
 bytes sets it for its lifetime (`ledger.path("main")`: the fan-out's main lanes); otherwise the peer

@@ -54,7 +54,7 @@ def kv_bytes_sent(url: str) -> int:
 
 def metric(url: str, name: str) -> dict:
     """Samples of one metric on a server's /metrics: {sorted label pairs: value}."""
-    from sglang_pdd.metrics import parse_exposition
+    from sglang_pdd.server.metrics import parse_exposition
     from sglang_pdd.lab.testing.servers import http_json
 
     status, text = http_json(url + "/metrics")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from sglang_pdd.metrics import parse_exposition
+from sglang_pdd.server.metrics import parse_exposition
 from sglang_pdd.policy.pipeline import Pipeline
 from sglang_pdd.protocol import room_plan
 from sglang_pdd.lab.testing.pdd_client import signer_from_env

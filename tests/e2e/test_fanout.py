@@ -27,7 +27,7 @@ import time
 
 import pytest
 
-from sglang_pdd.metrics import parse_exposition
+from sglang_pdd.server.metrics import parse_exposition
 from sglang_pdd.protocol.request import RequestParams
 from sglang_pdd.lab.testing.pdd_client import signer_from_env
 from sglang_pdd.lab.testing.client import generate, greedy_body

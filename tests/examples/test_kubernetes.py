@@ -24,7 +24,8 @@ import types
 import pytest
 import yaml
 
-from sglang_pdd import config, supported
+from sglang_pdd import config
+from sglang_pdd.server import supported
 
 from .conftest import EXAMPLES
 from .kustomize_lite import apply_op, render

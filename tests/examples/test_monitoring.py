@@ -6,7 +6,7 @@ every series its `pdd_role` and `site`: test_scrape_configs.py).
 
 Exported names are computed as prometheus_client exposes them: a Counter `x` as `x_total`, a Histogram
 as `x_bucket`, `x_sum`, `x_count`, a Gauge as itself. The plugin's series come from the `_counter`/
-`_gauge` calls in sglang_pdd/metrics.py (read from its source: registering them needs a scheduler); the
+`_gauge` calls in sglang_pdd/server/metrics.py (read from its source: registering them needs a scheduler); the
 router's from a real `RouterMetrics`; sglang's from the metric constructors in the installed sglang's
 observability package (read from its source)."""
 
@@ -22,7 +22,7 @@ import re
 import pytest
 import yaml
 
-from sglang_pdd import metrics
+from sglang_pdd.server import metrics
 
 from .conftest import EXAMPLES
 
@@ -39,7 +39,7 @@ ROLES = {"prefill", "relay", "main", "router"}
 
 # -- what the code exports ----------------------------------------------------------------------------
 def plugin_series() -> dict[str, set[str]]:
-    """{exported name: label names} of every _counter/_gauge call in sglang_pdd/metrics.py."""
+    """{exported name: label names} of every _counter/_gauge call in sglang_pdd/server/metrics.py."""
     with open(metrics.__file__) as f:
         tree = ast.parse(f.read())
     catchup = {n for n, _ in metrics._CATCHUP.values()}  # _counter(name, ...) over this table

@@ -17,8 +17,9 @@ import sysconfig
 
 import pytest
 
-from sglang_pdd import config, supported
-from sglang_pdd.roles import Role
+from sglang_pdd import config
+from sglang_pdd.server import supported
+from sglang_pdd.server.roles import Role
 
 from .conftest import EXAMPLES
 from .server_argv import parse_server

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from sglang_pdd import metrics
+from sglang_pdd.server import metrics
 from sglang_pdd.decode.role import DecodeRole
 from sglang_pdd.transfer import pool_state
 

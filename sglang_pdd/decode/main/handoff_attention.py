@@ -28,7 +28,8 @@ from typing import Any
 
 import torch
 
-from sglang_pdd import config, kernels, metrics
+from sglang_pdd import config, kernels
+from sglang_pdd.server import metrics
 from sglang_pdd.kernels import KernelArgumentError
 from sglang_pdd.kernels.warmup import warm_up_handoff
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sglang_pdd import idle_wait, metrics
+from sglang_pdd.server import idle_wait
+from sglang_pdd.server import metrics
 from sglang_pdd.config import PddConfig
 from sglang_pdd.decode.role import DecodeRole
 from sglang_pdd.protocol.channel import RelayChannel

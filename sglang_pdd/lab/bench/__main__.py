@@ -19,7 +19,7 @@ import signal
 import sys
 import time
 
-from sglang_pdd import thread_names
+from sglang_pdd.server import thread_names
 from sglang_pdd.lab.bench import workload_args
 from sglang_pdd.lab.bench.live import LiveServerError, run_live
 from sglang_pdd.lab.bench.placement import PLACEMENTS

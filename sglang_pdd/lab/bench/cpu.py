@@ -4,7 +4,7 @@ On a 2-core box the servers of both "datacenters" share the cores, so a server t
 while its KV crosses the WAN slows the others down; the report carries, over the measured window,
 each process group's CPU seconds (servers, the router, the delay daemons, the bench's client) and
 its busiest threads by name (`/proc/<pid>/task/<tid>/comm`; servers started by the bench name their
-Python threads, sglang_pdd.thread_names), so every run shows whether the box was the bottleneck.
+Python threads, sglang_pdd.server.thread_names), so every run shows whether the box was the bottleneck.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from typing import Callable, ClassVar
 
 from sglang_pdd.lab.bench import placement as place
 from sglang_pdd.lab.bench.client import StreamResult, stream
-from sglang_pdd.metrics import parse_exposition
+from sglang_pdd.server.metrics import parse_exposition
 from sglang_pdd.lab.testbed.netns import NetNS
 from sglang_pdd.lab.testing.launch_args import RouterConfig, ServerConfig
 from sglang_pdd.lab.testing.servers import Launchable, ServerGroup, ServerProcess, http_json

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from sglang_pdd.lab.bench.systems import InNamespace
 from sglang_pdd.config import ENV_TEST_KNOBS
-from sglang_pdd.metrics import parse_exposition
+from sglang_pdd.server.metrics import parse_exposition
 from sglang_pdd.router.peers.load_feed import load_of
 from sglang_pdd.lab.testing.launch_args import PddRouterConfig, ServerConfig
 from sglang_pdd.lab.testing.servers import ServerGroup, ServerProcess, http_json

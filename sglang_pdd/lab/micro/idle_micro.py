@@ -25,7 +25,7 @@ import statistics
 import threading
 import time
 
-from sglang_pdd.idle_wait import IdleWaiter
+from sglang_pdd.server.idle_wait import IdleWaiter
 from sglang_pdd.transfer import write_wait
 
 

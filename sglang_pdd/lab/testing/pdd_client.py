@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from sglang_pdd.metrics import parse_exposition
+from sglang_pdd.server.metrics import parse_exposition
 from sglang_pdd.policy.pipeline import Pipeline
 from sglang_pdd.protocol import room_plan
 from sglang_pdd.protocol.handoff_finish import HandoffFinish

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from sglang_pdd.metrics import parse_exposition
+from sglang_pdd.server.metrics import parse_exposition
 from sglang_pdd.policy.bandwidth import BandwidthEstimator
 from sglang_pdd.policy.site_links import SiteLinks
 from sglang_pdd.router.peers import metrics_poll

@@ -8,7 +8,7 @@ the larger of the two. A peer whose page cannot be read keeps its last figures.
 
 from __future__ import annotations
 
-from sglang_pdd.metrics import parse_exposition
+from sglang_pdd.server.metrics import parse_exposition
 from sglang_pdd.router.peers import metrics_poll
 from sglang_pdd.router.peers.pool import Peer
 

@@ -12,7 +12,7 @@ import torch
 from sglang_pdd.config import PddConfig
 from sglang_pdd.decode.main.handoff_attention import (CPU_TEST_POLICY, CUDA_POLICY, HandoffAttention, KernelPolicy,
                                                batch_refusal, layer_refusal)
-from sglang_pdd.roles import Role
+from sglang_pdd.server.roles import Role
 
 from tests.fakes.attention import FakeAttnBackend, FakeForwardBatch, FakeMode, RadixAttention
 from tests.fakes.kv_pool import MHATokenToKVPool, ReqToTokenPool

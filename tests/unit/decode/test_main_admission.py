@@ -15,7 +15,7 @@ from sglang_pdd.hooks import decode as decode_hooks
 from sglang_pdd.decode.main.runtime import MainRuntime
 from sglang_pdd.protocol.request import RequestParams
 from sglang_pdd.protocol.request_auth import ParamsSigner
-from sglang_pdd.roles import Role
+from sglang_pdd.server.roles import Role
 
 pytest.importorskip("sglang")
 

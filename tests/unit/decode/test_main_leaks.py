@@ -120,7 +120,7 @@ def test_abort_all_ends_held_requests_and_forgets_the_others():
 
 
 def test_the_table_is_published_by_state_with_zeros(monkeypatch):
-    from sglang_pdd import metrics
+    from sglang_pdd.server import metrics
 
     h, ch, _ = main()
     admit(h, 1)

@@ -10,14 +10,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_pdd import idle_wait
+from sglang_pdd.server import idle_wait
 from sglang_pdd.config import PddConfig
 from sglang_pdd.decode import runtime as decode_runtime
 from sglang_pdd.decode.main.controls import ControlledMainRuntime
 from sglang_pdd.decode.main.runtime import MainRuntime
 from sglang_pdd.decode.relay.controls import ControlledRelayRuntime
 from sglang_pdd.decode.relay.runtime import RelayRuntime
-from sglang_pdd.roles import Role
+from sglang_pdd.server.roles import Role
 from sglang_pdd.test_switches import OFF, TestSwitches
 
 DECODE = Path(decode_runtime.__file__).parent

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from sglang_pdd import thread_names
+from sglang_pdd.server import thread_names
 from sglang_pdd.lab.bench import cpu, placement, repeats
 from sglang_pdd.lab.bench.metrics import RequestRecord
 

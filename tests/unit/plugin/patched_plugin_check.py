@@ -148,7 +148,7 @@ def check_decode_extension() -> None:
     from sglang.srt.managers.scheduler import Scheduler
 
     from sglang_pdd.decode import extension as decode_extension
-    from sglang_pdd import metrics
+    from sglang_pdd.server import metrics
 
     from tests.fakes.decode_role import RecordingRole
 
@@ -200,9 +200,9 @@ def check_idle_wait() -> None:
     from sglang.srt.managers.scheduler_components.idle_waiter import IdleWaiter
     from sglang.srt.server_args import ServerArgs
 
-    from sglang_pdd import idle_wait
+    from sglang_pdd.server import idle_wait
     from sglang_pdd.config import PddConfig
-    from sglang_pdd.idle_wait import configure_server_args
+    from sglang_pdd.server.idle_wait import configure_server_args
 
     idle_wait.reset_for_tests()
     plugin.use_capabilities()

@@ -14,7 +14,8 @@ import pytest
 
 pytest.importorskip("sglang.srt.plugins.hook_registry", reason="needs the sglang environment")
 
-from sglang_pdd import idle_wait, plugin  # noqa: E402
+from sglang_pdd import plugin  # noqa: E402
+from sglang_pdd.server import idle_wait
 from sglang_pdd.config import PddConfig  # noqa: E402
 from sglang_pdd.hooks import idle  # noqa: E402
 

@@ -12,7 +12,7 @@ from sglang_pdd.config import PddConfig, PddConfigError
 from sglang_pdd.protocol import curve
 from sglang_pdd.protocol.channel import MainChannel, RelayChannel
 from sglang_pdd.protocol.messages import Ready, Tokens
-from sglang_pdd.roles import Role
+from sglang_pdd.server.roles import Role
 
 from .test_token_channel import wait_for
 

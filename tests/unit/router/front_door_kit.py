@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 
 from sglang_pdd.lab.testing import fake_upstream as fu
-from sglang_pdd.metrics import parse_exposition
+from sglang_pdd.server.metrics import parse_exposition
 from sglang_pdd.router.api import front_door
 from sglang_pdd.router.app import RouterApp
 from sglang_pdd.router.api.front_door import FrontDoorConfig

@@ -213,7 +213,7 @@ def test_front_door_series_on_metrics():
     async def go():
         async with served(max_connections=7, max_in_flight=5, max_in_flight_per_client=3) as (app, port):
             return await metrics_text(port)
-    from sglang_pdd.metrics import parse_exposition
+    from sglang_pdd.server.metrics import parse_exposition
 
     text = run(go())
     limits = {dict(k)["limit"]: v for k, v in parse_exposition(text, "sglang_pdd_router_limit").items()}

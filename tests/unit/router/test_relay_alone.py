@@ -12,7 +12,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from sglang_pdd.lab.testing import fake_upstream as fu
-from sglang_pdd.metrics import parse_exposition
+from sglang_pdd.server.metrics import parse_exposition
 from sglang_pdd.policy.bandwidth import BandwidthEstimator
 from sglang_pdd.policy.pipeline import NO_MAIN, InService, Pipeline, PipelinePolicy, PipelinePolicyConfig, RouteInputs
 from sglang_pdd.protocol.reply import ReplyMeta

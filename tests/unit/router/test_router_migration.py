@@ -10,7 +10,7 @@ import json
 import pytest
 from aiohttp import web
 
-from sglang_pdd.metrics import parse_exposition
+from sglang_pdd.server.metrics import parse_exposition
 from sglang_pdd.protocol.handoff_finish import HandoffFinish
 from sglang_pdd.protocol.reply import ReplyMeta
 from sglang_pdd.lab.testing import fake_upstream as fu

@@ -6,7 +6,7 @@ import asyncio
 from aiohttp.test_utils import TestClient, TestServer
 
 from sglang_pdd.lab.testing import fake_upstream as fu
-from sglang_pdd.metrics import parse_exposition
+from sglang_pdd.server.metrics import parse_exposition
 from sglang_pdd.router.app import RouterApp
 from sglang_pdd.router.peers.pool import Peer, PeerPool
 from sglang_pdd.router.request.dispatch import RequestFailed

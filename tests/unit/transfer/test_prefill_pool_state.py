@@ -37,7 +37,7 @@ def test_the_rows_gauge_reads_free_equal_to_total_on_an_idle_decode_server():
 
     from prometheus_client import REGISTRY
 
-    from sglang_pdd import metrics
+    from sglang_pdd.server import metrics
 
     tree = SimpleNamespace(evictable_size=lambda: 0, protected_size=lambda: 0)
     scheduler = SimpleNamespace(token_to_kv_pool_allocator=SimpleNamespace(available_size=lambda: 100),

@@ -1,6 +1,6 @@
 import threading
 
-from sglang_pdd.metrics import parse_exposition
+from sglang_pdd.server.metrics import parse_exposition
 from sglang_pdd.transfer.accounting import TransferLedger
 
 

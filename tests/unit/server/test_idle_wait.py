@@ -1,14 +1,14 @@
-"""The idle wait (sglang_pdd.idle_wait, hooks/idle.py): what ends a wait, and when the hook waits."""
+"""The idle wait (sglang_pdd.server.idle_wait, hooks/idle.py): what ends a wait, and when the hook waits."""
 
 import threading
 
 import pytest
 import zmq
 
-from sglang_pdd import idle_wait
+from sglang_pdd.server import idle_wait
 from sglang_pdd.config import ENV_CONFIG, PddConfig
 from sglang_pdd.hooks import idle
-from sglang_pdd.roles import Role
+from sglang_pdd.server.roles import Role
 
 LONG_S = 30.0  # a wait that must be ended by an event: were it not, the test would take this long and fail
 

@@ -1,6 +1,6 @@
 import pytest
 
-from sglang_pdd.input_guard import BadInputError, check_input_ids
+from sglang_pdd.server.input_guard import BadInputError, check_input_ids
 
 
 def test_valid_ids_and_text_requests_pass():

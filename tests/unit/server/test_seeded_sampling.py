@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import torch
 
-from sglang_pdd.seeded_sampling import SEED_MASK, attach_seeds, request_seed
+from sglang_pdd.server.seeded_sampling import SEED_MASK, attach_seeds, request_seed
 
 
 def req(rid, seed=None):

@@ -6,7 +6,7 @@ import pytest
 
 from sglang_pdd import config
 from sglang_pdd.config import PddConfig, PddConfigError
-from sglang_pdd.roles import Role
+from sglang_pdd.server.roles import Role
 
 
 def parse(*argv):

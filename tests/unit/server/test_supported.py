@@ -6,7 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_pdd import config, supported
+from sglang_pdd import config
+from sglang_pdd.server import supported
 from sglang_pdd.hooks import server_args as server_args_hook
 from sglang_pdd.lab.testing.launch_args import ServerConfig
 
@@ -121,7 +122,7 @@ def test_a_pdd_role_on_a_kv_pool_it_is_not_proven_on_stops_the_scheduler_naming_
     from sglang.srt.mem_cache import memory_pool, swa_memory_pool
 
     from sglang_pdd.hooks.packed_wan import after_init_kv_manager
-    from sglang_pdd.roles import Role
+    from sglang_pdd.server.roles import Role
 
     cls = getattr(memory_pool, cls_name, None) or getattr(swa_memory_pool, cls_name)
     cfg = config.PddConfig(role=Role(role))
@@ -143,7 +144,7 @@ def test_a_pdd_role_on_a_kv_pool_it_is_not_proven_on_stops_the_scheduler_naming_
 def test_mha_and_mla_pools_and_servers_without_a_role_pass(cls_name, role):
     from sglang.srt.mem_cache import memory_pool
 
-    from sglang_pdd.roles import Role
+    from sglang_pdd.server.roles import Role
 
     pool = _pool(getattr(memory_pool, cls_name))
     assert supported.unsupported_kv_pool(config.PddConfig(role=Role(role)), pool) is None
@@ -154,7 +155,7 @@ def test_mha_and_mla_pools_and_servers_without_a_role_pass(cls_name, role):
 def test_the_packed_wan_path_runs_on_mla_pools_and_still_refuses_dsa(role):
     from sglang.srt.mem_cache import memory_pool
 
-    from sglang_pdd.roles import Role
+    from sglang_pdd.server.roles import Role
 
     cfg = config.PddConfig(role=Role(role), packed_wan="plain")
     assert supported.unsupported_kv_pool(cfg, _pool(memory_pool.MLATokenToKVPool)) is None

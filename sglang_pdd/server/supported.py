@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from sglang_pdd.config import PddConfig
-from sglang_pdd.roles import Role
+from sglang_pdd.server.roles import Role
 
 MOONCAKE_BACKENDS = ("mooncake", "mooncake_tcp")
 

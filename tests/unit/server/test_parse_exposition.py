@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from sglang_pdd.metrics import parse_exposition
+from sglang_pdd.server.metrics import parse_exposition
 
 PAGE = r'''# HELP sglang_pdd_router_peer_in_flight This router's requests on each server
 # TYPE sglang_pdd_router_peer_in_flight gauge
