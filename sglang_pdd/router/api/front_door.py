@@ -132,11 +132,12 @@ class _Connection(web.RequestHandler):
 async def read_body(request: web.Request, door: FrontDoor) -> bytes | web.Response:
     """The request's whole body, or the error response: 413 over the body limit, 408 when it did not
     arrive within --body-timeout-s (the connection then closes once the 408 is written)."""
-    try:
-        return await asyncio.wait_for(request.read(), door.cfg.body_timeout_s)
+    try:  # not wait_for: on 3.11 it can swallow the handler's cancellation (bpo-42130)
+        async with asyncio.timeout(door.cfg.body_timeout_s):
+            return await request.read()
     except web.HTTPRequestEntityTooLarge:
         return _json_error(413, f"the body is over the router's limit of {request.client_max_size} bytes")
-    except asyncio.TimeoutError:
+    except TimeoutError:
         door.refuse("body-timeout")
         close_now = getattr(request.protocol, "close_now", None)  # absent under a test server
         if close_now is not None:

@@ -139,14 +139,15 @@ class KvEventSubscriber:
         try:
             await sock.send_multipart([b"", start.to_bytes(8, "big")])
             while True:
-                frames = await asyncio.wait_for(sock.recv_multipart(), self.replay_timeout_s)
+                async with asyncio.timeout(self.replay_timeout_s):  # not wait_for (bpo-42130)
+                    frames = await sock.recv_multipart()
                 if len(frames) != 4 or len(frames[2]) != 8:
                     self.feed.count_malformed("bad-replay", f"{len(frames)} frames")
                     continue
                 if frames[2] == END_SEQ:
                     return out
                 out.append((parse_seq(frames[2]), frames[3]))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             logger.warning("%s: no replay from %s within %.1f s", self.view.name,
                            self.source.replay_endpoint, self.replay_timeout_s)
             return None

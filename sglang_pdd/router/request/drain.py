@@ -27,12 +27,13 @@ async def drain(role: str, q: asyncio.Queue, feed: Callable, lp: list, a: Attemp
     idle = idle_s + a.idle_extra_s
     output = OutputView()  # this copy's whole output, streamed cumulatively or as deltas
     while True:
-        if not q.empty():  # a chunk already waiting needs no timer (wait_for costs a task per call)
+        if not q.empty():  # a chunk already waiting needs no timer
             item = q.get_nowait()
         else:
             left, mark = a.deadline - loop.time(), peer.health.progress
-            try:
-                item = await asyncio.wait_for(q.get(), max(0.0, min(idle, left)))
+            try:  # not wait_for: on 3.11 it swallows a cancellation that meets the chunk's arrival (bpo-42130)
+                async with asyncio.timeout(max(0.0, min(idle, left))):
+                    item = await q.get()
             except TimeoutError:
                 if left <= idle:
                     raise timed_out(request_timeout_s) from None
