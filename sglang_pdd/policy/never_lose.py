@@ -35,7 +35,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from sglang_pdd.policy.pipeline import Pipeline
+from sglang_pdd.policy.pipelines import Pipeline
 from sglang_pdd.policy.wan_queue import finish_s
 
 

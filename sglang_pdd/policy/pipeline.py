@@ -26,16 +26,12 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
+from sglang_pdd.policy import never_lose
 from sglang_pdd.policy.bandwidth import BandwidthEstimator
+from sglang_pdd.policy.pipelines import Pipeline
 from sglang_pdd.policy.site_links import SiteLinks
 
 logger = logging.getLogger(__name__)
-
-
-class Pipeline(str, enum.Enum):
-    P_MD = "P->MD"
-    P_RLD_MD = "P->RLD->MD"
-    P_RLD = "P->RLD"
 
 
 # The reason of a request sent P->RLD because no MD is in service (a metric label reads its start).
@@ -172,8 +168,6 @@ class PipelinePolicy:
         return out(Pipeline.P_RLD_MD, f"WAN {wan:.3f}s too slow for P->MD: RLD hides it")
 
     def _never_lose(self, inp: RouteInputs, missed: int, pf: PrefillState | None):
-        from sglang_pdd.policy import never_lose  # it names this module's Pipeline
-
         link = self.links.of(inp.site)
         rate = link.bandwidth.bytes_per_s
         busy = pf is not None and pf.waiting > 0  # the router sees whether P has a queue, not its length in s
