@@ -29,22 +29,39 @@ from sglang_pdd.router.request.stitch import Delta
 WEIGHT_VERSION = "default"  # sglang's default --weight-version (the roles' is not in their stream chunks)
 
 
-def _logprobs(entries: list) -> tuple[list, list | None]:
-    """The dispatcher's entries (logprob, id, text[, top row]) as sglang's two aligned lists."""
-    tokens = [tuple(e[:3]) for e in entries]
-    tops = [e[3] if len(e) > 3 else None for e in entries] if any(len(e) > 3 for e in entries) else None
-    return tokens, tops
+class LiveLogprobs:
+    """The client's tokens' logprobs as sglang's two aligned lists (logprob, id, text) and top rows,
+    grown by the entries each delta adds: O(1) per token. Intermediate chunks share the live lists, as
+    sglang's TokenizerManager shares its own (its layer slices them at the chunk's length at once);
+    the last chunk gets copies."""
+
+    def __init__(self) -> None:
+        self.tokens: list = []
+        self.tops: list = []
+        self.has_top = False
+
+    def grow(self, entries: list, n: int) -> None:
+        """Take the dispatcher's entries (logprob, id, text[, top row]) up to the client's `n` tokens."""
+        for e in entries[len(self.tokens): n]:
+            self.tokens.append(tuple(e[:3]))
+            self.tops.append(e[3] if len(e) > 3 else None)
+            self.has_top = self.has_top or len(e) > 3
+
+    def meta(self, final: bool) -> dict:
+        tokens, tops = (list(self.tokens), list(self.tops)) if final else (self.tokens, self.tops)
+        return {"output_token_logprobs": tokens, "output_token_logprobs_length": len(tokens),
+                "output_top_logprobs": tops if self.has_top else []}
 
 
 def content(rid: str, ids: list[int], text: str, reason: dict | None, n_prompt: int, outcome: Outcome,
-            logprobs: list | None) -> dict:
+            logprobs: LiveLogprobs | None, final: bool = True) -> dict:
+    """One chunk for sglang's layer; `final`: the last (its lists are copies, an intermediate one's
+    are the live lists)."""
     meta = {"id": rid, "finish_reason": reason, "prompt_tokens": n_prompt, "completion_tokens": len(ids),
             "cached_tokens": outcome.md_hit or 0, "weight_version": WEIGHT_VERSION}
     if logprobs is not None:
-        tokens, tops = _logprobs(logprobs[: len(ids)])
-        meta["output_token_logprobs"], meta["output_token_logprobs_length"] = tokens, len(tokens)
-        meta["output_top_logprobs"] = tops or []
-    return {"text": text, "output_ids": list(ids), "meta_info": meta}
+        meta.update(logprobs.meta(final))
+    return {"text": text, "output_ids": list(ids) if final else ids, "meta_info": meta}
 
 
 @dataclass
@@ -62,7 +79,7 @@ async def contents(stream: AsyncIterator[Delta], first: Delta | None, rid: str, 
     called for each delta after the first (the router's first-token clock)."""
     ids: list[int] = []
     trim = StopTrim(stops=list(stops))
-    last = None
+    seen, reason = False, None
 
     async def deltas():
         if first is not None:
@@ -71,22 +88,24 @@ async def contents(stream: AsyncIterator[Delta], first: Delta | None, rid: str, 
             on_delta(d)
             yield d
 
+    live = LiveLogprobs() if logprobs else None
     try:
         async for d in deltas():
             ids += d.token_ids
             state.tokens = len(ids)
             trim.push(d.text, d.finish_reason)
-            last = content(rid, ids, trim.sent, d.finish_reason, n_prompt, outcome,
-                           outcome.live_logprobs if logprobs else None)
-            if not whole:
-                yield last
+            if live is not None:
+                live.grow(outcome.live_logprobs or [], len(ids))
+            seen, reason = True, d.finish_reason
+            if not whole:  # a streamed request: a chunk per delta, sharing the live lists until the last
+                yield content(rid, ids, trim.sent, reason, n_prompt, outcome, live, final=reason is not None)
     except RequestFailed as e:
-        if whole or last is None:  # nothing streamed yet: the router answers with the failure's status
+        if whole or not seen:  # nothing streamed yet: the router answers with its status
             raise
         state.failed = True
         status = HTTPStatus(e.status) if e.status in HTTPStatus._value2member_map_ else HTTPStatus.BAD_GATEWAY
         yield content(rid, ids, trim.sent, {"type": "abort", "status_code": status, "message": str(e)},
                       n_prompt, outcome, None)
         return
-    if whole and last is not None:
-        yield last
+    if whole and seen:  # a whole request: one chunk, built once
+        yield content(rid, ids, trim.sent, reason, n_prompt, outcome, live)

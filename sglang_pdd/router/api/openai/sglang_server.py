@@ -121,6 +121,9 @@ class SglangOpenAI:
         return OpenAIServingChat(tokenizing, self._templates)
 
 
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound
+
+
 def convert(chat, body: dict):
     """The client's chat body as sglang's server converts it: (GenerateReqInput, ChatCompletionRequest);
     raises BadRequest with sglang's own message for what sglang's server answers 400."""
@@ -137,6 +140,9 @@ def convert(chat, body: dict):
     error = chat._validate_request(request)
     if error:
         raise BadRequest(error)
+    if request.top_logprobs is not None and not 0 <= request.top_logprobs <= MAX_TOP_LOGPROBS:
+        # sglang sets no bound; each row rides with every token through the router (OpenAI's is 20)
+        raise BadRequest(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {request.top_logprobs}")
     try:
         return chat._convert_to_internal_request(request, None)
     except HTTPException as e:

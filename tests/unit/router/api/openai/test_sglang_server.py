@@ -104,6 +104,17 @@ def test_logprobs_and_top_logprobs_in_openais_shape(layer, prep):
     assert all(c["logprob"] == -0.25 and [t["token"] for t in c["top_logprobs"]] == [c["token"]] for c in content)
 
 
+@pytest.mark.parametrize("n", [21, 10**6, -1])
+def test_top_logprobs_over_openais_bound_is_a_400(prep, n):
+    """sglang sets no bound; each row rides with every token through the router's one event loop."""
+    with pytest.raises(BadRequest, match="top_logprobs must be between 0 and 20"):
+        prep.prepare("chat", body(logprobs=True, top_logprobs=n))
+
+
+def test_twenty_top_logprobs_are_served(prep):
+    assert prep.prepare("chat", body(logprobs=True, top_logprobs=20)).chat is not None
+
+
 def test_a_failure_after_the_first_token_ends_the_stream_with_an_error_and_done(layer, prep):
     chunks, state = run(layer, prep.prepare("chat", body(stream=True)), "hello there my friend", fail_after=2)
     assert chunks[-1] == "data: [DONE]\n\n" and state.failed
@@ -149,8 +160,41 @@ def test_top_logprob_rows_ride_with_their_tokens_through_the_output_view():
         "output_token_logprobs": [[-1.0, 5, "a"], [-2.0, 6, "b"]],
         "output_top_logprobs": [[[-1.0, 5, "a"]], [[-1.5, 7, "c"]]]}})
     assert ids == [5, 6] and lps[1] == (-2.0, 6, "b", [[-1.5, 7, "c"]])
-    tokens, tops = openai_feed._logprobs(lps)
-    assert tokens == [(-1.0, 5, "a"), (-2.0, 6, "b")] and tops == [[[-1.0, 5, "a"]], [[-1.5, 7, "c"]]]
+    live = openai_feed.LiveLogprobs()
+    live.grow(lps, 1)  # the client has one token so far
+    assert live.meta(final=False)["output_token_logprobs_length"] == 1
+    live.grow(lps, 2)
+    meta = live.meta(final=True)
+    assert meta["output_token_logprobs"] == [(-1.0, 5, "a"), (-2.0, 6, "b")]
+    assert meta["output_top_logprobs"] == [[[-1.0, 5, "a"]], [[-1.5, 7, "c"]]]
+    assert meta["output_token_logprobs"] is not live.tokens  # the last chunk's lists are copies
+
+
+def test_streamed_chunks_share_the_live_lists_and_the_last_gets_copies():
+    """Per delta the feed adds only the new tokens' entries (O(1) per token, issue 47), not the whole
+    list again; sglang's layer slices an intermediate chunk's lists at its length at once."""
+    async def go():
+        lps = [(-0.5 * i, i, str(i), [[-0.1, i, str(i)]]) for i in range(1, 7)]
+        outcome = Outcome(live_logprobs=lps)
+
+        async def rest():
+            for i in range(2, 7):
+                yield Delta([i], str(i), {"type": "length", "length": 6} if i == 6 else None)
+
+        chunks = []
+        async for c in openai_feed.contents(rest(), Delta([1], "1", None), "r", 3, [], outcome, True, False,
+                                            openai_feed.FeedState()):
+            m = c["meta_info"]
+            chunks.append((m["output_token_logprobs_length"], m["output_token_logprobs"], c["output_ids"]))
+        return chunks
+
+    chunks = asyncio.run(go())
+    assert [n for n, _, _ in chunks] == [1, 2, 3, 4, 5, 6]
+    live_lists = {id(lp) for _, lp, _ in chunks[:-1]}
+    assert len(live_lists) == 1  # one list, grown in place
+    final = chunks[-1]
+    assert id(final[1]) not in live_lists and final[2] == [1, 2, 3, 4, 5, 6]
+    assert final[1] == [(-0.5 * i, i, str(i)) for i in range(1, 7)]
 
 
 @pytest.mark.parametrize("key, value", [("tools", TOOLS), ("tool_choice", "required"),
