@@ -52,6 +52,7 @@ MAX_STOPS = 16  # stop strings per request (OpenAI allows 4)
 MAX_STOP_CHARS = 256  # characters per stop string (checked against the output's tail at every step)
 MAX_STOP_TOKEN_IDS = 1024
 MAX_LOGIT_BIAS = 100.0  # |bias| at most this (OpenAI's range); finite only
+MAX_LOGIT_BIAS_KEYS = 300  # token ids per logit_bias (OpenAI's bound)
 MAX_GRAMMAR_CHARS = 1 << 18  # a json_schema / regex / ebnf / structural_tag string
 UNSUPPORTED = {
     "stop_regex": "stop_regex is not supported: sglang matches it against the whole output at every decode "
@@ -181,18 +182,28 @@ def check_sampling(sp, limits: ModelLimits, name: str = "sampling_params") -> di
         check_token_ids(stop_ids, limits, "stop_token_ids")
     bias = sp.get("logit_bias")
     if bias is not None:
-        if not isinstance(bias, dict) or not all(
-                _is_number(v) and math.isfinite(v) and abs(v) <= MAX_LOGIT_BIAS for v in bias.values()):
-            raise BadRequest(f"logit_bias must map token ids to finite numbers in [-{MAX_LOGIT_BIAS:g}, "
-                             f"{MAX_LOGIT_BIAS:g}]")
-        try:
-            check_token_ids([int(t) for t in bias], limits, "logit_bias")
-        except ValueError as e:
-            raise BadRequest(str(e) if isinstance(e, BadRequest) else "logit_bias keys must be token ids") from None
+        sp["logit_bias"] = check_logit_bias(bias, limits)
     custom = sp.get("custom_params")
     if custom is not None and not isinstance(custom, dict):
         raise BadRequest("custom_params must be a JSON object")
     return sp
+
+
+def check_logit_bias(bias, limits: ModelLimits) -> dict:
+    """`logit_bias` with canonical keys: each a token ID written as sglang and OpenAI write one (ASCII
+    digits, no sign, space, underscore or leading zero; `int()` also reads "07", "+7", " 7", "0_7" and
+    "٧" as 7, so one token could take any number of keys), at most MAX_LOGIT_BIAS_KEYS of them (every
+    role writes one scalar per key at each batch build)."""
+    if not isinstance(bias, dict) or not all(
+            _is_number(v) and math.isfinite(v) and abs(v) <= MAX_LOGIT_BIAS for v in bias.values()):
+        raise BadRequest(f"logit_bias must map token ids to finite numbers in [-{MAX_LOGIT_BIAS:g}, "
+                         f"{MAX_LOGIT_BIAS:g}]")
+    if len(bias) > MAX_LOGIT_BIAS_KEYS:
+        raise BadRequest(f"logit_bias: at most {MAX_LOGIT_BIAS_KEYS} token ids, got {len(bias)}")
+    if not all(isinstance(t, str) and t.isascii() and t.isdigit() and (t == "0" or t[0] != "0") for t in bias):
+        raise BadRequest("logit_bias keys must be token ids written in decimal digits (e.g. \"50256\")")
+    check_token_ids([int(t) for t in bias], limits, "logit_bias")
+    return dict(bias)
 
 
 def check_token_ids(ids: list, limits: ModelLimits, what: str = "input_ids") -> None:

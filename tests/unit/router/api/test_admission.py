@@ -142,6 +142,11 @@ def sp(**kw):
     ("/generate", sp(logit_bias={"5": 1e308 * 10}), "is not a number"),  # json.dumps writes Infinity
     ("/generate", sp(logit_bias={"5": 101}), "logit_bias must map token ids to finite numbers in [-100, 100]"),
     ("/generate", sp(logit_bias={"5": "1"}), "logit_bias must map token ids to finite numbers"),
+    # the third round (issue 47): keys that alias one token through int(), and their number
+    *[("/generate", sp(logit_bias={k: 1}), "logit_bias keys must be token ids written in decimal digits")
+      for k in ("07", "+7", " 7", "0_7", "\u0667", "7 ", "-7", "0x7", "")],
+    ("/generate", sp(logit_bias={str(i): 1 for i in range(301)}), "logit_bias: at most 300 token ids, got 301"),
+    ("/generate", sp(logit_bias={"1024": 1}), "logit_bias: token id 1024 is outside the model's vocabulary"),
     ("/generate", sp(stream_interval="2"), "stream_interval must be an integer in [1, 64]"),
     ("/generate", sp(stream_interval=0), "stream_interval must be an integer in [1, 64]"),
     ("/generate", sp(stream_interval=10 ** 9), "stream_interval must be an integer in [1, 64]"),
@@ -241,3 +246,17 @@ def test_an_unreachable_role_is_502_without_its_address():
     (status, text), cl = run(go())
     assert status == 502 and "main" in text
     _no_url(text, cl)
+
+
+def test_canonical_logit_bias_keys_reach_every_role_as_sent():
+    bias = {"0": 1, "7": -1.5, "1023": 100}
+
+    async def go():
+        async with fu.FakeCluster() as cl:
+            status, text = await _post(cl, "/generate", {"input_ids": [5], "sampling_params": {
+                "max_new_tokens": 2, "logit_bias": bias}})
+            return status, text, cl
+
+    status, text, cl = run(go())
+    assert status == 200, text
+    assert [b["sampling_params"]["logit_bias"] for b in cl.prefill.bodies + cl.main.bodies] == [bias, bias]
