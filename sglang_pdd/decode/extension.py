@@ -3,7 +3,7 @@
 With patch 0003, sglang calls a `DecodeSchedulerExtension` at the six places of its decode loop where
 the plugin otherwise hooks private scheduler methods (hooks/decode.py). `DecodeExtension` is that
 object for RelayDecode and MainDecode: each method delegates to the scheduler's `DecodeRole`
-(decode_runtime.runtime), exactly as the hook at the same place does. `create` is the factory the
+(`decode.runtime.runtime`), exactly as the hook at the same place does. `create` is the factory the
 plugin installs (`hooks/decode.use_decode_extension`); sglang calls it once per decode scheduler, at
 the end of its construction, and keeps what it returns as `scheduler.decode_extension`.
 

@@ -44,7 +44,7 @@ class RouterApp:
                  limits: ModelLimits = ModelLimits(), max_body_bytes: int = 64 << 20,
                  door: FrontDoorConfig = FrontDoorConfig(), api_keys: tuple[str, ...] = (),
                  tokenizer_workers: int = 4, tokenizer_queue: int = 64, openai=None):
-        """`openai`: sglang's OpenAI chat layer (`openai_sglang.SglangOpenAI`) for /v1/chat/completions;
+        """`openai`: sglang's OpenAI chat layer (`openai.sglang_server.SglangOpenAI`) for /v1/chat/completions;
         None: the router's own minimal one (text only)."""
         self.d, self.tok, self.model = dispatcher, tokenizer, model_name
         self.openai = openai

@@ -1,5 +1,5 @@
 """Fake sglang servers for the PDD router (no sglang, no model): the router's unit tests and its
-benchmark (`bench.router_bench`) put them behind a real `Dispatcher` and `RouterApp`.
+benchmark (`micro.router_bench`) put them behind a real `Dispatcher` and `RouterApp`.
 
 Each `FakeRole` answers `/generate` as its role does in sglang, the wire format included: P answers
 one JSON reply; RLD and MD stream SSE lines of cumulative `output_ids` (and logprobs when asked;

@@ -5,7 +5,7 @@ idle deadline it is to blame for) after `eject_after` failures in a row. While o
 skips it as long as a peer of its role is in service.
 
 Coming back: the router's health checker (`HealthChecker`) looks at each peer that is out every
-`interval_s`; once its back-off is over it sends the peer a probe generate (`health_probe`), and only
+`interval_s`; once its back-off is over it sends the peer a probe generate (`peers.probe`), and only
 a probe that was served takes it back: sglang's `/health` answers 200 whenever the server runs, even
 one that fails every request. Without a health checker, a peer out is tried again once its back-off
 has passed. Either way it comes back on probation: one more failure takes it out again for twice
@@ -91,7 +91,7 @@ class PeerHealth:
 class HealthChecker:
     """Every `interval_s` (a background task): each ejected peer of `pools` is asked for `GET /health`
     (is it up at all), and once its back-off is over, sent the probe generate of its role
-    (`health_probe.probe`); a probe served takes it back."""
+    (`probe.probe`); a probe served takes it back."""
 
     def __init__(self, pools, interval_s: float = 2.0, timeout_s: float = 2.0, probe_timeout_s: float = 30.0):
         self.pools, self.interval_s, self.timeout_s = pools, interval_s, timeout_s

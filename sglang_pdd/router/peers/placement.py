@@ -74,7 +74,7 @@ class Placement:
             self.policy.links.wan_hosts = frozenset(p.host for p in self.main.peers if p.host not in lan)
 
     def in_service(self) -> InService:
-        """Which roles have a peer in service now (`peer_health`)."""
+        """Which roles have a peer in service now (`peers.health`)."""
         return InService(*(any(not p.health.out for p in pool.peers) for pool in (self.prefill, self.relay, self.main)))
 
     def prefill_state(self) -> PrefillState | None:

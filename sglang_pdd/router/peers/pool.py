@@ -1,7 +1,7 @@
 """The router's view of its peers: which P, RLD and MD servers exist, how loaded each is, and which
 one gets a request (`policy.peer_choice` scores them).
 
-A peer out of service (`peer_health`) is skipped while another of its role is in service."""
+A peer out of service (`peers.health`) is skipped while another of its role is in service."""
 
 from __future__ import annotations
 

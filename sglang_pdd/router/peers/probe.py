@@ -13,7 +13,7 @@ a broken stream, no answer within the timeout) and the peer stays out. A probe t
 aborted on the peer (best effort), so that a hung one does not keep a slot.
 
 What the probe cannot see: a peer whose real KV transfers fail (its fake one passes) comes back and
-fails again; its probation (`peer_health`) then takes it out for twice as long each time.
+fails again; its probation (`peers.health`) then takes it out for twice as long each time.
 """
 
 from __future__ import annotations

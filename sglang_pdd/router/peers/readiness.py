@@ -3,7 +3,7 @@
 A request needs a P in service and then either an MD in service (P->MD, P->RLD->MD) or, with every MD
 out, an RLD in service to serve it alone: under `--pipeline auto` or `relay` a new request goes P->RLD at
 once while no MD is in service (`policy.pipeline.NO_MAIN`), and a request whose MD fails is migrated to
-P->RLD (`migration.decide`), which needs `--migration-limit` 1 or more (the only way under `direct`). A WAN cut
+P->RLD (`migration.rules.decide`), which needs `--migration-limit` 1 or more (the only way under `direct`). A WAN cut
 takes every MD of a one-site example out; the router stays ready on P->RLD alone, and its streams in
 flight go on. Liveness (`GET /live`) depends on no peer at all: the process serves.
 """

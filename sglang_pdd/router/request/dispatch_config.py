@@ -18,7 +18,7 @@ class DispatchConfig:
     idle_timeout_s: dict[str, float] = field(default_factory=lambda: {"prefill": 600.0, "relay": 120.0,
                                                                        "main": 180.0})
     idle_per_token_s: float = 1.0  # added to a request's idle deadlines per token its stream_interval/stop add
-    migration_rate_per_s: float = 20.0  # token bucket over all migrations (0: no limit; migration_limits)
+    migration_rate_per_s: float = 20.0  # token bucket over all migrations (0: no limit; migration.limits)
     migration_burst: int = 40
     migration_jitter_s: float = 0.1  # the most a migration waits at random before it goes
 

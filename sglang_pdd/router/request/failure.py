@@ -14,7 +14,7 @@ class RequestFailed(RuntimeError):
 
 class RoleFailure(Exception):
     """A role's failure as the drain met it: `failed` is what the client hears unless it migrates;
-    `cause` is None when it may not migrate (`migration.cause_of`). `silent`: an idle deadline while
+    `cause` is None when it may not migrate (`migration.rules.cause_of`). `silent`: an idle deadline while
     the peer answered no request at all (only then is it the peer's failure: `idle_deadline`)."""
 
     def __init__(self, role: str, cause: str | None, failed: RequestFailed, silent: bool = True):

@@ -163,7 +163,7 @@ def check_decode_extension() -> None:
                   enable_hierarchical_cache=False, enable_lmcache=False, _engine_paused=False)
     chunk = MagicMock(reqs=[])
     chunk.name = "chunk"
-    s._pdd_runtime = role = RecordingRole(s, batch=chunk)  # MD's runtime (decode_runtime.runtime finds it)
+    s._pdd_runtime = role = RecordingRole(s, batch=chunk)  # MD's runtime (decode.runtime.runtime finds it)
     Scheduler.init_decode_scheduler_extension(s)
     assert isinstance(s.decode_extension, decode_extension.DecodeExtension) and s.decode_extension.role is role
     assert decode_extension.path(s) == "extension"

@@ -5,7 +5,7 @@ and ids are cumulative (the router publishes `incremental_streaming_output=False
 whatever its roles stream), and whose `meta_info` carries the finish reason, the token counts, the
 cached prompt tokens and the output logprobs. `contents` builds those dicts from the dispatcher's
 `Delta`s: the text is the stitched text with a matched stop string cut as sglang's detokenizer cuts it
-(`openai_api.StopTrim`), the logprobs those the roles returned for the client's tokens (the dispatcher's
+(`shapes.StopTrim`), the logprobs those the roles returned for the client's tokens (the dispatcher's
 list, aligned with the stitched ids), `cached_tokens` what the chosen MainDecode already held of the
 prompt when the router chose it. A non-streaming request gets one dict, the last.
 

@@ -57,7 +57,7 @@ def check_config(cfg: OpenAIConfig) -> None:
 class _Tokenizing:
     """What sglang's OpenAI serving classes use of the TokenizerManager: the tokenizer, the model's
     config, the server's settings, and `generate_request`, which here yields the PDD stream's contents
-    that `openai_feed` attached to the request."""
+    that `chat.serve` attached to the request (`feed.contents`)."""
 
     processor = None
     request_logger = None

@@ -39,7 +39,7 @@ def check_request(req: dict) -> None:
             raise BadRequest("stream_options.include_usage must be true or false")
 
 
-# keys the router's builtin OpenAI layer does not serve (sglang's, run by the router, does: openai_sglang)
+# keys the router's builtin OpenAI layer does not serve (sglang's, run by the router, does: sglang_server)
 BUILTIN_REFUSES = {"tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
                    "response_format": (None, {"type": "text"})}
 

@@ -1,6 +1,6 @@
 """A migrated copy's feeds into the client's stream (`Stitcher`): its output follows the tokens the
 client already has (`Stitcher.resume`), a length finish counts from the client's start
-(`migration.continued_finish`), only a relayed copy (P->RLD->MD) may hand off, and a stop string
+(`rules.continued_finish`), only a relayed copy (P->RLD->MD) may hand off, and a stop string
 straddling the boundary ends the stream where it completes (`stop_watch.StopWatch`)."""
 
 from __future__ import annotations
