@@ -61,6 +61,11 @@ class TestSwitches:
         """A knobs file is named (else `knobs()` is all defaults and reads nothing)."""
         return self.knobs_file is not None
 
+    @property
+    def controlled(self) -> bool:
+        """Any switch is on: the control modules build their controlled classes and seams."""
+        return self.on or self.testing
+
     def knobs(self) -> TestKnobs:
         """The knobs now (defaults without a file, or while the file is missing)."""
         if self.knobs_file is None:

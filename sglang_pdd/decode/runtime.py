@@ -6,9 +6,10 @@ chosen at load (plugin.CAPABILITIES): on stock sglang the six decode scheduler h
 (hooks/decode.py) call it on first use; on sglang with patch 0003 the decode scheduler extension
 (extension.py) is created with it when sglang builds the scheduler.
 
-The class is chosen once, here: with the process's test switches on (test_switches.for_process), rank 0
-gets the subclass that carries the tests' negative controls and knobs (relay/controls.py,
-main/controls.py); in production the plain class, whose serving path has no test branch.
+Rank 0's class is chosen once, when the role starts, by its role's control module (relay/controls.py,
+main/controls.py, the only decode modules that read the test switches): with the process's test
+switches on, the subclass that carries the tests' negative controls and knobs; in production the plain
+class, whose serving path has no test branch.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import logging
 from sglang_pdd.config import PddConfig
 from sglang_pdd.decode.role import DecodeRole
 from sglang_pdd.server.roles import Role
-from sglang_pdd.test_switches import TestSwitches, for_process
 
 logger = logging.getLogger(__name__)
 
@@ -35,31 +35,23 @@ def runtime(scheduler) -> DecodeRole | None:
     if cfg.role in (Role.RELAY, Role.MAIN) and attn_tp_rank(scheduler) != 0:
         rt = _follower(scheduler, cfg)
     elif cfg.role in (Role.RELAY, Role.MAIN):
-        rt = _leader(scheduler, cfg, for_process())
+        rt = _leader(scheduler, cfg)
         rt.start()
     scheduler._pdd_runtime = rt
     return rt
 
 
-def _leader(scheduler, cfg: PddConfig, switches: TestSwitches) -> DecodeRole:
-    """Rank 0's runtime: the plain class, or with any test switch on its subclass with the controls."""
+def _leader(scheduler, cfg: PddConfig) -> DecodeRole:
+    """Rank 0's runtime, from its role's control module: the plain class, or with any test switch on its
+    subclass with the controls."""
     secret = cfg.secret()
-    controlled = switches.on or switches.testing
     if cfg.role is Role.RELAY:
-        if controlled:
-            from sglang_pdd.decode.relay.controls import ControlledRelayRuntime
+        from sglang_pdd.decode.relay import controls as relay_controls
 
-            return ControlledRelayRuntime(scheduler, cfg, secret, switches)
-        from sglang_pdd.decode.relay.runtime import RelayRuntime
+        return relay_controls.for_process(scheduler, cfg, secret)
+    from sglang_pdd.decode.main import controls as main_controls  # torch and the kernels only in an MD process
 
-        return RelayRuntime(scheduler, cfg, secret)
-    if controlled:
-        from sglang_pdd.decode.main.controls import ControlledMainRuntime
-
-        return ControlledMainRuntime(scheduler, cfg, secret, switches)
-    from sglang_pdd.decode.main.runtime import MainRuntime  # torch and the kernels only in a MainDecode process
-
-    return MainRuntime(scheduler, cfg, secret)
+    return main_controls.for_process(scheduler, cfg, secret)
 
 
 def _follower(scheduler, cfg: PddConfig) -> DecodeRole | None:

@@ -1,9 +1,9 @@
 """MainRuntime with the test-only negative controls and knobs (test_switches.TestKnobs); never in production.
 
-decode/runtime.py builds `ControlledMainRuntime` instead of `MainRuntime` once, at construction, and
-only when the process's test switches are on; it overrides the no-op hooks `MainRuntime` calls, so
-the serving path carries no test branch. The knobs are re-read at each use (a test changes them
-while the server runs).
+`for_process` gives MD rank 0 its runtime once, when the role starts (decode/runtime.py): the plain
+`MainRuntime` in production, `ControlledMainRuntime` when the process's test switches are on; it
+overrides the no-op hooks `MainRuntime` calls, so the serving path carries no test branch. The knobs
+are re-read at each use (a test changes them while the server runs).
 """
 
 from __future__ import annotations
@@ -14,9 +14,19 @@ from typing import Any
 from sglang_pdd.config import PddConfig
 from sglang_pdd.decode.main.handoff_attention import ATTENTION, CPU_TEST_POLICY, HandoffAttention
 from sglang_pdd.decode.main.runtime import MainRuntime
+from sglang_pdd import test_switches
 from sglang_pdd.test_switches import TestSwitches
 
 logger = logging.getLogger(__name__)
+
+
+def for_process(scheduler, cfg: PddConfig, secret: bytes, switches: TestSwitches | None = None) -> MainRuntime:
+    """Rank 0's runtime: the plain class, or with any test switch on (the process's by default) the
+    controlled one."""
+    switches = switches if switches is not None else test_switches.for_process()
+    if switches.controlled:
+        return ControlledMainRuntime(scheduler, cfg, secret, switches)
+    return MainRuntime(scheduler, cfg, secret)
 
 
 class ControlledMainRuntime(MainRuntime):

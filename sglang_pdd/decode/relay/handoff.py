@@ -65,7 +65,6 @@ class _Room:
     stalls: int = 0  # consecutive answers at which MD was no closer than before
     finished_at: float | None = None
     created: float = field(default_factory=time.monotonic)
-    min_eager: int = 0  # answer no Ready before the request has this many tokens (a test knob)
 
 
 @dataclass
@@ -84,6 +83,11 @@ def _ignore(event: str, value: Any) -> None:
     pass
 
 
+def no_hold(req: Any) -> bool:
+    """The production `hold`: every Ready is answered as soon as the request can answer it."""
+    return False
+
+
 def finish_type(req: Any) -> str:
     reason = getattr(req, "finished_reason", None)
     try:
@@ -95,9 +99,10 @@ def finish_type(req: Any) -> str:
 class RelayHandoff:
     def __init__(self, channel: Channel, timeout_s: float, now: Callable[[], float] = time.monotonic,
                  policy: HandoffModePolicy | None = None, max_rounds: int = 32, max_stalls: int = 2,
-                 record: Callable[[str, Any], None] = _ignore):
+                 record: Callable[[str, Any], None] = _ignore, hold: Callable[[Any], bool] = no_hold):
         self.channel = channel
         self.record = record
+        self.hold = hold  # True while a request's Ready stays unanswered (the tests' control: relay/controls.py)
         self.max_stalls = max_stalls
         self.policy = policy or HandoffModePolicy()
         self.max_rounds = max_rounds
@@ -106,12 +111,11 @@ class RelayHandoff:
         self.rooms: dict[int, _Room] = {}
         self.stats = RelayStats()
 
-    def track(self, req: Any, min_eager: int = 0) -> None:
+    def track(self, req: Any) -> None:
         room = getattr(req, "bootstrap_room", None)
         if room is None:
             return
-        r = self.rooms.setdefault(room, _Room(created=self.now()))
-        r.req, r.min_eager = req, min_eager
+        self.rooms.setdefault(room, _Room(created=self.now())).req = req
 
     def poll(self, ops: RelayOps) -> None:
         for peer, msg in self.channel.poll():
@@ -157,7 +161,7 @@ class RelayHandoff:
                 self.rooms.pop(room_id, None)  # main never showed up
             return
         n = len(req.output_ids)
-        if room.ready_from is not None and ops.is_decoding(req) and n > room.sent and n >= room.min_eager:
+        if room.ready_from is not None and ops.is_decoding(req) and n > room.sent and not self.hold(req):
             self._answer(room_id, room, req, ops)
 
     def _answer(self, room_id: int, room: _Room, req: Any, ops: RelayOps) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 from sglang_pdd.server import idle_wait
 from sglang_pdd.server import metrics
@@ -12,7 +12,7 @@ from sglang_pdd.decode.role import DecodeRole
 from sglang_pdd.protocol.channel import RelayChannel
 from sglang_pdd.protocol.handoff_finish import HandoffFinish
 from sglang_pdd.decode.rank_sync import Finish, RankSync
-from sglang_pdd.decode.relay.handoff import RelayHandoff
+from sglang_pdd.decode.relay.handoff import RelayHandoff, no_hold
 from sglang_pdd.policy.handoff_mode import HandoffModeConfig, HandoffModePolicy
 
 logger = logging.getLogger(__name__)
@@ -39,7 +39,8 @@ class RelayRuntime(DecodeRole):
 
     role = "relay"
 
-    def __init__(self, scheduler, cfg: PddConfig, secret: bytes):
+    def __init__(self, scheduler, cfg: PddConfig, secret: bytes, hold: Callable[[Any], bool] = no_hold):
+        """`hold`: RelayHandoff's; the tests' control gives its own (controls.py), production none."""
         super().__init__(scheduler)
         host = scheduler.server_args.host or "0.0.0.0"
         clients = cfg.curve_clients()  # the MD keys its CURVE admits (None: any, or no CURVE)
@@ -50,7 +51,8 @@ class RelayRuntime(DecodeRole):
         policy = HandoffModePolicy(HandoffModeConfig(
             rld_busy_running=cfg.adaptive_rld_running, rld_busy_kv_usage=cfg.adaptive_rld_kv,
             md_small_batch=cfg.adaptive_md_batch))
-        self.handoff = RelayHandoff(self.channel, timeout_s=cfg.handoff_timeout, policy=policy, record=_record)
+        self.handoff = RelayHandoff(self.channel, timeout_s=cfg.handoff_timeout, policy=policy, record=_record,
+                                    hold=hold)
         self.sync = RankSync(scheduler)  # TP > 1: the other ranks replay this rank's handoff finishes
         idle_wait.watch(scheduler, self.channel.sock)  # tokens from MD end an idle wait
         logger.info("sglang-pdd relay: token channel on %s%s", self.channel.address,
@@ -84,15 +86,11 @@ class RelayRuntime(DecodeRole):
 
     # -- DecodeRole ---------------------------------------------------------------------------
     def admit(self, req: Any) -> None:
-        self.handoff.track(req, min_eager=self._min_eager())
+        self.handoff.track(req)
 
     def poll(self) -> None:
         self.handoff.poll(self)
         self.sync.flush()
-
-    def _min_eager(self) -> int:
-        """No Ready before a request has this many output tokens; the tests' control sets it (controls.py)."""
-        return 0
 
 
 def end_with_handoff(s: Any, req: Any, k: int, mode: str) -> None:
