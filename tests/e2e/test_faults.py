@@ -2,7 +2,7 @@
 real Mooncake and the netns WAN testbed, through the suite's own harness: MD SIGKILLed past a
 handoff, and the WAN cut for 5 s while MD's KV is on it. No request may hang or come back silently
 wrong, nothing may leak, and every request completes token-identical (a surviving server can absorb
-both faults). The negative control of the classifier is in tests/unit/lab/test_faults_report.py."""
+both faults). The negative control of the classifier is in tests/unit/lab/faults/test_report.py."""
 
 
 import pytest

@@ -24,7 +24,7 @@ of its context with confident (large-margin) greedy steps, built in seconds with
 * **Readout.** A random lm_head over the content dimensions; the special tokens' rows are zero, so EOS
   and the chat markers are never greedy choices (outputs run to max_new_tokens).
 
-`tests/unit/lab/test_tiny_model_sensitivity.py` pins what this buys (distinct tokens per output, share of
+`tests/unit/lab/testing/test_tiny_model_sensitivity.py` pins what this buys (distinct tokens per output, share of
 single-token perturbations that change the output, logit noise between orderings vs greedy margins).
 """
 

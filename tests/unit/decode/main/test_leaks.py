@@ -6,14 +6,15 @@ import pytest
 from sglang_pdd.decode.main.handoff import ADMITTED, DRAINING, EXTENDING, READY, STATES, WAITING_TOKENS, MainHandoff
 from sglang_pdd.protocol.messages import Finished, Tokens
 from sglang_pdd.protocol.request import RequestParams
+from tests.fakes.clock import FakeClock
+from tests.fakes.handoff import FakeChannel, FakeReason, FakeReq
 
-from .test_handoff_state import RELAY, Clock, FakeChannel, FakeReason, FakeReq
-
+RELAY = "tcp://rld:1"
 KV_TIMEOUT, TIMEOUT = 30.0, 5.0
 
 
 def main():
-    ch, clock = FakeChannel(), Clock()
+    ch, clock = FakeChannel(), FakeClock()
     return MainHandoff(ch, timeout_s=TIMEOUT, now=clock, kv_timeout_s=KV_TIMEOUT, mode="catch-up"), ch, clock
 
 

@@ -22,7 +22,7 @@ import pytest
 from sglang_pdd.lab.micro import bounded
 from sglang_pdd.lab.micro import handoff_kernel as hk
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 # what the device machine lacks (prefixes of top-level names in site-packages, lower case), and .pth files
 HIDDEN = ("sglang", "__editable__", "flashinfer", "sgl_kernel", "msgspec", "zmq", "pyzmq")
 COPY_IGNORE = shutil.ignore_patterns(".git", ".venv", "runs", ".artifacts", "__pycache__", "*.egg-info", "build",

@@ -1,5 +1,5 @@
 """pdd-never-lose (docs/sim.md §9): the cluster that routes by its rules (the rules and the lane's
-prediction, one by one: test_sim_never_lose_rules.py)."""
+prediction, one by one: test_never_lose_rules.py)."""
 
 import json
 from dataclasses import replace

@@ -1,6 +1,6 @@
 """pdd-never-lose's decision (docs/sim.md §9): the lane's queue-aware prediction against the simulated
 line, and each routing rule of `policy.never_lose` (as the simulator names it: `never_lose_rules`), one
-by one. The cluster that routes by them: test_sim_never_lose.py."""
+by one. The cluster that routes by them: test_never_lose.py."""
 
 from dataclasses import replace
 

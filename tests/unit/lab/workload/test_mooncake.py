@@ -14,7 +14,7 @@ from sglang_pdd.lab.workload.mooncake import (MooncakeOptions, hit_histogram, re
                                               token_ids_for_blocks)
 from sglang_pdd.lab.workload.trace import is_mooncake_file, read_jsonl, write_jsonl
 
-SHARED = Path(__file__).resolve().parents[3] / "sglang_pdd" / "lab" / "workload" / "traces" / "mooncake-synthetic.jsonl.xz"
+SHARED = Path(__file__).resolve().parents[4] / "sglang_pdd" / "lab" / "workload" / "traces" / "mooncake-synthetic.jsonl.xz"
 
 
 def _write(path, records):

@@ -11,8 +11,7 @@ import pytest
 
 from sglang_pdd.router.api.client_auth import ENV_API_KEY, ClientAuth, keys_from
 from sglang_pdd.router.metrics import RouterMetrics
-
-from .front_door_kit import connect, metrics_text, refused, request, response, served
+from tests.unit.router.kit.front_door import connect, metrics_text, refused, request, response, served
 
 GEN = json.dumps({"text": "ab", "sampling_params": {"max_new_tokens": 2}}).encode()
 

@@ -16,9 +16,8 @@ from sglang_pdd.router.api import front_door
 from sglang_pdd.router.app import RouterApp
 from sglang_pdd.router.request.dispatch import DispatchConfig, Dispatcher
 from sglang_pdd.router.api.front_door import FrontDoorConfig
-
-from .front_door_kit import (HoldingDispatcher, connect, metrics_text, refused, request, response, served,
-                             until, until_closed)
+from tests.unit.router.kit.front_door import (connect, metrics_text, refused, request, response, served, until,
+                                              until_closed)
 
 GEN = json.dumps({"text": "ab", "sampling_params": {"max_new_tokens": 2}}).encode()
 SLOW_HEAD = b"POST /generate HTTP/1.1\r\nHost: x\r\nX-Slow: "

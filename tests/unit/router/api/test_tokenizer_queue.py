@@ -12,8 +12,7 @@ import pytest
 from sglang_pdd.lab.testing import fake_upstream as fu
 from sglang_pdd.router.api.admission import ModelLimits
 from sglang_pdd.router.api.prepare import Busy, Preparer
-
-from .front_door_kit import connect, metrics_text, refused, request, response, served, until
+from tests.unit.router.kit.front_door import connect, metrics_text, refused, request, response, served, until
 
 
 class GatedTokenizer(fu.CharTokenizer):

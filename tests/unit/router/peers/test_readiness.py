@@ -16,9 +16,9 @@ from sglang_pdd.lab.testing import fake_upstream as fu
 from sglang_pdd.protocol.reply import ReplyMeta
 from sglang_pdd.router.peers.pool import Peer, PeerPool
 from sglang_pdd.router.peers.readiness import readiness
-
-from .front_door_kit import HoldingDispatcher, connect, refused, metrics_text, request, response, served, until
-from .test_router_migration import PROMPT, _final, model, reference, run
+from tests.unit.router.kit.fixed_model import PROMPT, final_reply, model, reference, run
+from tests.unit.router.kit.front_door import (HoldingDispatcher, connect, metrics_text, refused, request, response,
+                                              served, until)
 
 
 async def _probe(c, path: str) -> tuple[int, dict]:
@@ -78,7 +78,7 @@ def test_the_router_stays_ready_and_streams_go_on_through_a_wan_cut(limit):
     assert ready[1]["out"] == {"main": [cl.url(2)]}
     if limit:
         assert status == 200
-        out = _final(text, stream=True)
+        out = final_reply(text, stream=True)
         assert out["output_ids"] == reference(10)  # the stream in flight went on, no gap, no duplicate
         assert ReplyMeta.of(out["meta_info"]).migration_pipelines == ["P->RLD"]
         assert ready[0] == 200 and ready[1]["pipelines"] == ["P->RLD"] and "missing" not in ready[1]

@@ -7,9 +7,8 @@ import asyncio
 from sglang_pdd.lab.testing import fake_upstream as fu
 from sglang_pdd.router.request import role_copies
 from sglang_pdd.router.request.dispatch import Outcome
-
-from .dispatch_client import config, router
-from .test_router_migration import model, run
+from tests.unit.router.kit.dispatch_client import config, router
+from tests.unit.router.kit.fixed_model import model, run
 
 N = 300  # chunks MD streams (one token each): far more than the queue holds
 CAP = 4

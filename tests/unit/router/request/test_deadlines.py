@@ -179,7 +179,7 @@ def test_a_handler_cancelled_while_letting_go_still_aborts_every_role():
 def test_a_healthy_generation_past_the_request_timeout_ends_with_504_and_no_failure_mark():
     """MD streams on, healthily, past --request-timeout: the request ends (504 naming the limit), MD
     keeps its good standing and nothing migrates (it was counted as MD's failure and migrated)."""
-    from .dispatch_client import config, router
+    from tests.unit.router.kit.dispatch_client import config, router
 
     async def go():
         async with fu.FakeCluster(main2=fu.FakeRole("main")) as cl:
@@ -214,7 +214,7 @@ def _first_then(wait_s: float, n: int = 6):
 def test_the_idle_deadline_grows_with_the_requests_stream_interval_and_stop_strings(sp, ok):
     """Idle 0.5 s plus 0.1 s per token the client's stream_interval (or longest stop string) may hold a
     chunk back: a 1 s gap is within it. The control, without either: the same gap is an idle failure."""
-    from .dispatch_client import config, router
+    from tests.unit.router.kit.dispatch_client import config, router
 
     async def go():
         async with fu.FakeCluster() as cl:
@@ -244,7 +244,7 @@ def test_an_idle_request_counts_against_its_peer_only_when_the_peer_answered_nob
     """A request silent past its idle deadline on an MD that streams another request meanwhile: the
     request ends (504), the MD is not blamed. The control: with no other request, the same silence
     is the MD's failure."""
-    from .dispatch_client import config, router
+    from tests.unit.router.kit.dispatch_client import config, router
 
     async def go():
         async with fu.FakeCluster() as cl:
@@ -271,7 +271,7 @@ def test_an_idle_request_counts_against_its_peer_only_when_the_peer_answered_nob
 def test_a_late_prefill_reply_counts_against_p_only_when_p_answered_nobody(others):
     """P's reply to one request is late past --prefill-idle-timeout while P answers other requests:
     the request fails, P is not blamed. The control: the same lateness with no other request is."""
-    from .dispatch_client import config, router
+    from tests.unit.router.kit.dispatch_client import config, router
 
     async def prefill(request, body):
         if body["input_ids"][0] == 1:

@@ -1,8 +1,8 @@
 """Request migration (issue 18) over the router's HTTP front with fake roles that continue a prompt as
 one fixed model would (output i of an L-token prompt is token(L + i)): a role that fails mid-stream
 costs no request, the client's stream has no gap and no duplicate, and what may not migrate still
-fails with a clear error. After a stall: test_router_migration_stalls.py;
-the policy alone: test_migration_policy.py; peer health: test_peer_health.py."""
+fails with a clear error. The fake roles: tests/unit/router/kit/fixed_model.py. After a stall:
+migration/test_stalls.py; the rules alone: migration/test_rules.py; peer health: peers/test_health.py."""
 
 import asyncio
 import json
@@ -10,58 +10,10 @@ import json
 import pytest
 from aiohttp import web
 
-from sglang_pdd.server.metrics import parse_exposition
-from sglang_pdd.protocol.handoff_finish import HandoffFinish
-from sglang_pdd.protocol.reply import ReplyMeta
 from sglang_pdd.lab.testing import fake_upstream as fu
-
-PROMPT = [5, 6, 7]
-
-
-def run(coro, guard_s: float = 30.0):
-    return asyncio.run(asyncio.wait_for(coro, guard_s))
-
-
-def reference(n: int, prompt=PROMPT) -> list[int]:
-    return [fu.token(len(prompt) + i) for i in range(n)]
-
-
-def model(fail_at: int | None = None, how: str = "end", handoff_k: int = 0, eager: int = 0, times: int = 1):
-    """A streaming role (RLD or MD) on the fixed model. RLD hands off after `handoff_k` tokens; MD after a
-    handoff (its body carries PDD parameters) starts with `eager` tokens. The first `times` calls fail
-    after `fail_at` tokens: end (the stream closes), abort (an abort finish), hang, error400 (a client's
-    error inside the stream), 503 (an HTTP error before any token)."""
-    calls = {"n": 0}
-
-    async def answer(request, body):
-        calls["n"] += 1
-        failing = fail_at is not None and calls["n"] <= times
-        if failing and how == "503":
-            return web.json_response({"error": {"message": "overloaded"}}, status=503)
-        sp = body.get("sampling_params") or {}
-        n, lp = sp.get("max_new_tokens", 128), bool(body.get("return_logprob"))
-        ids = [fu.token(len(body["input_ids"]) + i) for i in range(n)]
-        first = eager if sp.get("custom_params") else 1
-        resp = await fu.start_stream(request)
-        for c in range(first, n + 1):
-            if failing and c > fail_at:
-                break
-            if handoff_k and c == handoff_k < n:
-                end = HandoffFinish(handoff_tokens=c, mode="one-shot").to_finish()
-                await resp.write(fu._sse(fu.chunk(ids[:c], end, lp)))
-                await resp.write(b"data: [DONE]\n\n")
-                return resp
-            await resp.write(fu._sse(fu.chunk(ids[:c], {"type": "length", "length": n} if c == n and not failing else None, lp)))
-        if not failing:
-            await resp.write(b"data: [DONE]\n\n")
-        elif how == "abort":
-            await resp.write(fu._sse(fu.chunk(ids[:fail_at], {"type": "abort", "message": "gone"}, lp)))
-        elif how == "hang":
-            await asyncio.Event().wait()
-        elif how == "error400":
-            await resp.write(fu._sse({"error": {"message": "bad logit_bias", "code": 400}}))
-        return resp
-    return answer
+from sglang_pdd.protocol.reply import ReplyMeta
+from tests.unit.router.kit.fixed_model import (PROMPT, final_reply, generate_body, migrations_by_cause, model,
+                                               post_generate, reference, run)
 
 
 def prefill_failing(times: int = 1):
@@ -75,45 +27,17 @@ def prefill_failing(times: int = 1):
     return answer
 
 
-async def _post(cl, body, pipeline="direct", limit=1, idle_s=30.0):
-    async with fu.router_client(cl, pipeline=pipeline, idle_s=idle_s, migration_limit=limit) as c:
-        r = await c.post("/generate", json=body)
-        text = await r.text()
-        metrics = await (await c.get("/metrics")).text()
-        health = await c.get("/health")
-        return r.status, text, metrics, (health.status, await health.json())
-
-
-def _body(n=12, stream=False, **kw):
-    return {"input_ids": PROMPT, "stream": stream, "sampling_params": {"max_new_tokens": n}, **kw}
-
-
-def _final(text: str, stream: bool) -> dict:
-    if not stream:
-        return json.loads(text)
-    lines = [json.loads(x[5:]) for x in text.split("\n") if x.startswith("data:") and "[DONE]" not in x]
-    assert all("error" not in x for x in lines), lines
-    ids = [x["output_ids"] for x in lines]  # cumulative: each a prefix of the next (no gap, no duplicate)
-    assert all(b[:len(a)] == a for a, b in zip(ids, ids[1:]))
-    return lines[-1]
-
-
-def _migrations(metrics: str) -> dict:
-    return {(dict(k)["cause"], dict(k)["outcome"]): v
-            for k, v in parse_exposition(metrics, "sglang_pdd_router_migrations_total").items()}
-
-
 # -- end to end over fakes ------------------------------------------------------------------------
 @pytest.mark.parametrize("stream", [False, True])
 def test_md_cut_mid_stream_on_p_md_goes_on_on_another_md(stream):
     async def go():
         async with fu.FakeCluster(main2=fu.FakeRole("main")) as cl:
             cl.main.behaviour, cl.main2.behaviour = model(fail_at=5), model()
-            return await _post(cl, _body(12, stream)), cl
+            return await post_generate(cl, generate_body(12, stream)), cl
 
     (status, text, metrics, health), cl = run(go())
     assert status == 200, text
-    out = _final(text, stream)
+    out = final_reply(text, stream)
     assert out["output_ids"] == reference(12)
     assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 12}
     assert ReplyMeta.of(out["meta_info"]).migrations == 1
@@ -123,7 +47,7 @@ def test_md_cut_mid_stream_on_p_md_goes_on_on_another_md(stream):
     assert resumed["sampling_params"]["max_new_tokens"] == 7
     assert len(cl.prefill.bodies) == 2  # P was asked again, for the longer prompt
     assert cl.main.aborts and cl.prefill.aborts  # the dead attempt's copies were let go
-    assert _migrations(metrics) == {("broken", "completed"): 1}
+    assert migrations_by_cause(metrics) == {("broken", "completed"): 1}
     assert health[0] == 200  # one failure of a reachable MD does not eject it
 
 
@@ -134,7 +58,7 @@ def test_md_dead_after_the_handoff_goes_on_p_rld_md_with_another_md_and_logprobs
         async with fu.FakeCluster(main2=fu.FakeRole("main")) as cl:
             cl.relay.behaviour = model(handoff_k=4)
             cl.main.behaviour, cl.main2.behaviour = model(fail_at=6, eager=4, how="abort"), model(eager=4)
-            return await _post(cl, _body(12, return_logprob=True), pipeline="relay"), cl
+            return await post_generate(cl, generate_body(12, return_logprob=True), pipeline="relay"), cl
 
     (status, text, metrics, _), cl = run(go())
     assert status == 200, text
@@ -147,7 +71,7 @@ def test_md_dead_after_the_handoff_goes_on_p_rld_md_with_another_md_and_logprobs
     assert cl.main2.bodies[0]["input_ids"] == PROMPT + reference(6)
     assert "pdd" in cl.main2.bodies[0]["sampling_params"]["custom_params"]  # MD 2 took over from the relay
     assert pdd.migration_pipelines == ["P->RLD->MD"]
-    assert _migrations(metrics) == {("abort", "completed"): 1}
+    assert migrations_by_cause(metrics) == {("abort", "completed"): 1}
 
 
 def test_md_dead_after_the_handoff_on_pipeline_direct_goes_on_p_md():
@@ -155,7 +79,7 @@ def test_md_dead_after_the_handoff_on_pipeline_direct_goes_on_p_md():
     async def go():
         async with fu.FakeCluster(main2=fu.FakeRole("main")) as cl:
             cl.main.behaviour, cl.main2.behaviour = model(fail_at=6, how="abort"), model()
-            return await _post(cl, _body(12, return_logprob=True), pipeline="direct"), cl
+            return await post_generate(cl, generate_body(12, return_logprob=True), pipeline="direct"), cl
 
     (status, text, metrics, _), cl = run(go())
     assert status == 200, text
@@ -173,7 +97,7 @@ def test_rld_dead_before_the_handoff_goes_on_p_md_on_the_same_md():
         async with fu.FakeCluster() as cl:
             cl.relay.behaviour = model(fail_at=3, handoff_k=8)
             cl.main.behaviour = model(eager=8)
-            return await _post(cl, _body(12), pipeline="relay"), cl
+            return await post_generate(cl, generate_body(12), pipeline="relay"), cl
 
     (status, text, metrics, _), cl = run(go())
     assert status == 200, text
@@ -182,7 +106,7 @@ def test_rld_dead_before_the_handoff_goes_on_p_md_on_the_same_md():
     assert ReplyMeta.of(out["meta_info"]).migrations == 1
     assert [b["input_ids"] for b in cl.main.bodies] == [PROMPT, PROMPT + reference(3)]
     assert len(cl.relay.bodies) == 1 and cl.main.aborts  # MD's waiting copy was cleaned up
-    assert _migrations(metrics) == {("broken", "completed"): 1}
+    assert migrations_by_cause(metrics) == {("broken", "completed"): 1}
 
 
 def test_with_no_md_in_service_rld_finishes_alone():
@@ -190,7 +114,7 @@ def test_with_no_md_in_service_rld_finishes_alone():
         async with fu.FakeCluster() as cl:
             cl.main.behaviour = model(fail_at=2, eager=0)  # P->MD: MD dies after 2 tokens, the only MD
             cl.relay.behaviour = model()  # P->RLD: no handoff
-            return await _post(cl, _body(10), pipeline="direct"), cl
+            return await post_generate(cl, generate_body(10), pipeline="direct"), cl
 
     (status, text, _, _), cl = run(go())
     assert status == 200, text
@@ -203,12 +127,12 @@ def test_a_failing_prefill_is_retried():
     async def go():
         async with fu.FakeCluster() as cl:
             cl.prefill.behaviour, cl.main.behaviour = prefill_failing(), model()
-            return await _post(cl, _body(6)), cl
+            return await post_generate(cl, generate_body(6)), cl
 
     (status, text, metrics, _), cl = run(go())
     assert status == 200, text
     assert json.loads(text)["output_ids"] == reference(6)
-    assert _migrations(metrics) == {("5xx", "completed"): 1}
+    assert migrations_by_cause(metrics) == {("5xx", "completed"): 1}
 
 
 def test_md_failing_before_the_handoff_leaves_rld_to_finish():
@@ -217,13 +141,13 @@ def test_md_failing_before_the_handoff_leaves_rld_to_finish():
     async def go():
         async with fu.FakeCluster() as cl:
             cl.relay.behaviour, cl.main.behaviour = model(), model(fail_at=0, how="503")
-            return await _post(cl, _body(9), pipeline="relay"), cl
+            return await post_generate(cl, generate_body(9), pipeline="relay"), cl
 
     (status, text, metrics, _), cl = run(go())
     assert status == 200, text
     out = json.loads(text)
     assert out["output_ids"] == reference(9) and ReplyMeta.of(out["meta_info"]).migrations == 0
-    assert _migrations(metrics) == {}
+    assert migrations_by_cause(metrics) == {}
 
 
 def test_a_failure_of_prefill_after_rld_started_does_not_cut_rld():
@@ -243,7 +167,7 @@ def test_a_failure_of_prefill_after_rld_started_does_not_cut_rld():
                 await resp.write(b"data: [DONE]\n\n")
                 return resp
             cl.prefill.behaviour, cl.relay.behaviour, cl.main.behaviour = late_failure, slow, fu.hang()
-            return await _post(cl, _body(8), pipeline="relay", limit=0), cl
+            return await post_generate(cl, generate_body(8), pipeline="relay", limit=0), cl
 
     (status, text, _, _), cl = run(go())
     assert status == 200, text
@@ -255,7 +179,7 @@ def test_with_migration_limit_0_the_client_gets_the_error(stream):
     async def go():
         async with fu.FakeCluster(main2=fu.FakeRole("main")) as cl:
             cl.main.behaviour = model(fail_at=5)
-            return await _post(cl, _body(12, stream), limit=0), cl
+            return await post_generate(cl, generate_body(12, stream), limit=0), cl
 
     (status, text, metrics, _), cl = run(go())
     if stream:
@@ -263,25 +187,25 @@ def test_with_migration_limit_0_the_client_gets_the_error(stream):
     else:
         assert status == 502 and "ended without a finish reason" in text
     assert not cl.main2.bodies and cl.main.aborts
-    assert _migrations(metrics) == {("broken", "not-migrated"): 1}
+    assert migrations_by_cause(metrics) == {("broken", "not-migrated"): 1}
 
 
 def test_a_second_failure_past_the_limit_fails_the_request():
     async def go():
         async with fu.FakeCluster(main2=fu.FakeRole("main")) as cl:
             cl.main.behaviour, cl.main2.behaviour = model(fail_at=3), model(fail_at=2)
-            return await _post(cl, _body(12), limit=1), cl
+            return await post_generate(cl, generate_body(12), limit=1), cl
 
     (status, text, metrics, _), _ = run(go())
     assert status == 502
-    assert _migrations(metrics) == {("broken", "failed"): 1, ("broken", "not-migrated"): 1}
+    assert migrations_by_cause(metrics) == {("broken", "failed"): 1, ("broken", "not-migrated"): 1}
 
 
 def test_a_clients_error_is_never_migrated():
     async def go():
         async with fu.FakeCluster(main2=fu.FakeRole("main")) as cl:
             cl.main.behaviour = model(fail_at=2, how="error400")
-            return await _post(cl, _body(12)), cl
+            return await post_generate(cl, generate_body(12)), cl
 
     (status, text, _, _), cl = run(go())
     assert status == 400 and "bad logit_bias" in text
@@ -292,7 +216,7 @@ def test_all_tokens_sent_before_the_cut_end_at_their_length():
     async def go():
         async with fu.FakeCluster(main2=fu.FakeRole("main")) as cl:
             cl.main.behaviour = model(fail_at=6)
-            return await _post(cl, _body(6)), cl
+            return await post_generate(cl, generate_body(6)), cl
 
     (status, text, _, _), cl = run(go())
     out = json.loads(text)
@@ -308,14 +232,14 @@ def test_an_unreachable_md_is_ejected_and_health_says_so():
             cl.main2.behaviour = model()
             await cl.servers[2].close()  # MD 1 is gone
             async with fu.router_client(cl, migration_limit=1) as c:
-                r = await c.post("/generate", json=_body(5))
+                r = await c.post("/generate", json=generate_body(5))
                 first = (r.status, await r.json())
                 h = await c.get("/health")
                 health = (h.status, await h.json())
-                r = await c.post("/generate", json=_body(5))  # goes straight to MD 2
+                r = await c.post("/generate", json=generate_body(5))  # goes straight to MD 2
                 second = r.status
                 await cl.servers[3].close()
-                await c.post("/generate", json=_body(5))
+                await c.post("/generate", json=generate_body(5))
                 h = await c.get("/health")
                 down = (h.status, await h.json())
             return first, health, second, down, cl
@@ -338,7 +262,7 @@ def test_with_every_relay_out_of_service_a_relayed_request_goes_p_md_at_once():
             async with fu.router_client(cl, pipeline="relay", migration_limit=1) as c:
                 outs = []
                 for _ in range(2):
-                    r = await c.post("/generate", json=_body(5))
+                    r = await c.post("/generate", json=generate_body(5))
                     outs.append((r.status, await r.json()))
             return outs
 

@@ -9,9 +9,8 @@ import pytest
 
 from sglang_pdd.lab.testing import fake_upstream as fu
 from sglang_pdd.router.request.migration.limits import MigrationLimits
-
-from .dispatch_client import config, router
-from .test_router_migration import _body, _migrations, model, reference, run
+from tests.unit.router.kit.dispatch_client import config, router
+from tests.unit.router.kit.fixed_model import generate_body, migrations_by_cause, model, reference, run
 
 
 def test_the_bucket_holds_burst_and_refills_at_its_rate():
@@ -58,7 +57,7 @@ def test_over_the_rate_limit_a_request_fails_with_its_own_503():
                 d.main.peers[1].running = 5  # MD 1 first in line (another prompt each: no cache hit)
                 for i, at in enumerate((0.0, 0.0, 1.0)):
                     t[0] = at
-                    r = await c.post("/generate", json={**_body(6), "input_ids": [20 + i, 5, 6]})
+                    r = await c.post("/generate", json={**generate_body(6), "input_ids": [20 + i, 5, 6]})
                     out.append((r.status, await r.text()))
                 metrics = await (await c.get("/metrics")).text()
             return out, metrics
@@ -68,7 +67,7 @@ def test_over_the_rate_limit_a_request_fails_with_its_own_503():
     assert s1 == 200 and json.loads(t1)["output_ids"] == reference(6)
     assert s2 == 503 and "--migration-rate 1/s, --migration-burst 1" in t2 and "not migrated" in t2
     assert s3 == 200 and json.loads(t3)["output_ids"] == reference(6)
-    assert _migrations(metrics) == {("broken", "completed"): 2, ("broken", "not-migrated"): 1}
+    assert migrations_by_cause(metrics) == {("broken", "completed"): 2, ("broken", "not-migrated"): 1}
 
 
 def test_each_migration_waits_its_jitter_first():
@@ -83,7 +82,7 @@ def test_each_migration_waits_its_jitter_first():
         async with fu.FakeCluster(main2=fu.FakeRole("main")) as cl:
             cl.main.behaviour, cl.main2.behaviour = model(fail_at=2), model()
             async with router(cl, config(), limits=lim) as (c, _):
-                r = await c.post("/generate", json=_body(6))
+                r = await c.post("/generate", json=generate_body(6))
                 return r.status, await r.json()
 
     status, out = run(go())

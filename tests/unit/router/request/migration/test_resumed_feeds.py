@@ -1,5 +1,5 @@
 """A migrated stream's edges (issue 31), over the router's HTTP front with the fake roles of
-test_router_migration.py: a second failure that leaves nothing to generate ends the stream without
+tests/unit/router/kit/fixed_model.py: a second failure that leaves nothing to generate ends the stream without
 sending anything twice (it re-sent the last `offset` tokens, or raised a 500), and a stop string that
 straddles the migration ends the request where it completes (sglang on the resumed server only sees
 its own output)."""
@@ -11,9 +11,8 @@ import pytest
 from sglang_pdd.lab.testing import fake_upstream as fu
 from sglang_pdd.protocol.handoff_finish import HandoffFinish
 from sglang_pdd.protocol.reply import ReplyMeta
-
-from .dispatch_client import config, router
-from .test_router_migration import PROMPT, _body, _final, model, reference, run
+from tests.unit.router.kit.dispatch_client import config, router
+from tests.unit.router.kit.fixed_model import PROMPT, final_reply, generate_body, model, reference, run
 
 
 async def _post(cl, body, path="/generate", **cfg):
@@ -29,11 +28,11 @@ def test_a_second_failure_with_every_token_sent_ends_without_a_duplicate(stream)
     async def go():
         async with fu.FakeCluster(main2=fu.FakeRole("main")) as cl:
             cl.main.behaviour, cl.main2.behaviour = model(fail_at=3), model(fail_at=2)
-            return await _post(cl, _body(5, stream), migration_limit=2)
+            return await _post(cl, generate_body(5, stream), migration_limit=2)
 
     status, text = run(go())
     assert status == 200, text
-    out = _final(text, stream)
+    out = final_reply(text, stream)
     assert out["output_ids"] == reference(5)
     assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 5}
     assert ReplyMeta.of(out["meta_info"]).migrations == 1
@@ -63,7 +62,7 @@ def test_a_relayed_migration_whose_relay_dies_after_the_last_token_ends_cleanly(
         async with fu.FakeCluster(main2=fu.FakeRole("main")) as cl:
             cl.relay.behaviour = relay
             cl.main.behaviour, cl.main2.behaviour = model(fail_at=3, eager=2, how="abort"), fu.hang()
-            return await _post(cl, _body(5), pipeline="relay", migration_limit=2)
+            return await _post(cl, generate_body(5), pipeline="relay", migration_limit=2)
 
     status, text = run(go())
     assert status == 200, text
@@ -81,12 +80,12 @@ def test_a_stop_string_straddling_the_migration_ends_the_request(stream):
         async with fu.FakeCluster(main2=fu.FakeRole("main")) as cl:
             cl.main.behaviour = model(fail_at=3)
             cl.main2.behaviour = model(fail_at=4, how="hang")  # still generating when the stop completes
-            body = {**_body(12, stream), "sampling_params": {"max_new_tokens": 12, "stop": ["xyz", "fgh"]}}
+            body = {**generate_body(12, stream), "sampling_params": {"max_new_tokens": 12, "stop": ["xyz", "fgh"]}}
             return await _post(cl, body), cl
 
     (status, text), cl = run(go())
     assert status == 200, text
-    out = _final(text, stream)
+    out = final_reply(text, stream)
     assert out["output_ids"] == reference(5)  # d e f | g h: the stop completes at h
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": "fgh"}
     assert ReplyMeta.of(out["meta_info"]).migrations == 1
@@ -99,7 +98,7 @@ def test_a_stop_completed_inside_a_chunk_of_several_tokens_cuts_the_chunk_and_it
     async def go():
         async with fu.FakeCluster(main2=fu.FakeRole("main", every=4)) as cl:
             cl.main.behaviour = model(fail_at=3)
-            body = {**_body(12), "return_logprob": True, "sampling_params": {"max_new_tokens": 12, "stop": "fa"}}
+            body = {**generate_body(12), "return_logprob": True, "sampling_params": {"max_new_tokens": 12, "stop": "fa"}}
             return await _post(cl, body)
 
     status, text = run(go())
@@ -115,7 +114,7 @@ def test_the_control_a_stop_string_wholly_before_the_boundary_is_not_acted_on():
     async def go():
         async with fu.FakeCluster(main2=fu.FakeRole("main")) as cl:
             cl.main.behaviour, cl.main2.behaviour = model(fail_at=3), model()
-            return await _post(cl, {**_body(8), "sampling_params": {"max_new_tokens": 8, "stop": ["de"]}})
+            return await _post(cl, {**generate_body(8), "sampling_params": {"max_new_tokens": 8, "stop": ["de"]}})
 
     status, text = run(go())
     out = json.loads(text)
