@@ -1,5 +1,6 @@
 """PddConfig: the only place that reads `--pdd-*` flags and `SGLANG_PDD_*` environment variables
-(but the test-only ones, which `test_switches` reads).
+(but the test-only ones, which `test_switches` reads, and the token channel's keys, which
+`protocol.keys` reads; `from_cli_args` checks those at start-up).
 
 Flags are declared once in `FLAGS`; `add_cli_args` adds them to sglang's parser, `from_cli_args`
 turns a parsed namespace into a validated, frozen `PddConfig`. The launcher hands the config to its
@@ -16,13 +17,10 @@ import os
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from sglang_pdd.protocol.env_secret import env_or_file
+from sglang_pdd.protocol import keys
 from sglang_pdd.server.roles import ROLE_CHOICES, Role
 
 ENV_CONFIG = "SGLANG_PDD_CONFIG"  # JSON of PddConfig, set by the launcher for its children
-MIN_SECRET_BYTES = 16  # a shorter shared secret is refused at start-up, naming the variable
-ENV_SECRET = "SGLANG_PDD_SECRET"  # shared secret of the token channel (never put on a command line)
-ENV_SECRET_FILE = "SGLANG_PDD_SECRET_FILE"  # or: a file holding it (a mounted Kubernetes Secret, a 0600 file)
 # Test only, read by sglang_pdd.test_switches: "1" honours the negative control `drop_eager_kv`, and
 # the path of a JSON file of `TestKnobs`, re-read when used (so a test can flip them at run time).
 ENV_TESTING = "SGLANG_PDD_TESTING"
@@ -244,77 +242,6 @@ class PddConfig:
         else:
             env.pop(ENV_CONFIG, None)
 
-    def secret(self, environ: dict | None = None) -> bytes:
-        """The token channel's shared secret: `SGLANG_PDD_SECRET`, or the contents of the file
-        `SGLANG_PDD_SECRET_FILE` names (one trailing newline dropped); relay and main need one."""
-        env = environ if environ is not None else os.environ
-        try:
-            data, source = env_or_file(env, ENV_SECRET, ENV_SECRET_FILE)
-        except ValueError as e:
-            raise PddConfigError(str(e)) from None
-        if source == ENV_SECRET_FILE and not (data or b"").strip():
-            raise PddConfigError(f"{ENV_SECRET_FILE}: {env[ENV_SECRET_FILE]} is empty")
-        if not data:
-            raise PddConfigError(f"{ENV_SECRET} (or {ENV_SECRET_FILE}) is not set: RelayDecode and MainDecode "
-                                 "authenticate the token channel with it (the same value on both)")
-        if len(data) < MIN_SECRET_BYTES:
-            raise PddConfigError(f"{source}: the secret is {len(data)} bytes, at least {MIN_SECRET_BYTES} are needed "
-                                 "(it keys the token channel's and the signed parameters' MACs; e.g. "
-                                 "`openssl rand -hex 32`)")
-        return data
-
-    def optional_secret(self, environ: dict | None = None) -> bytes | None:
-        """The shared secret where one is set (a prefill needs none), else None."""
-        env = environ if environ is not None else os.environ
-        if not env.get(ENV_SECRET) and not env.get(ENV_SECRET_FILE):
-            return None
-        return self.secret(env)
-
-    def curve_key(self, environ: dict | None = None) -> bytes | None:
-        """The token channel's CURVE key (relay: its secret key, main: the relay's public key), or None
-        when the channel is not encrypted (protocol.curve)."""
-        # protocol.curve imports zmq; the router and the plugin load config without it
-        from sglang_pdd.protocol.curve import ENV_KEY, CurveKeyError, load_key
-
-        if self.token_curve == "off":
-            return None
-        try:
-            key = load_key(environ)
-        except CurveKeyError as e:
-            raise PddConfigError(f"--pdd-token-curve: {e}") from None
-        if key is None and self.token_curve == "on":
-            raise PddConfigError(f"--pdd-token-curve on: no key ({ENV_KEY} or {ENV_KEY}_FILE is not set)")
-        return key
-
-    def curve_clients(self, environ: dict | None = None) -> frozenset[bytes] | None:
-        """Relay: the MainDecode public keys its CURVE handshake admits (protocol.curve_zap); None when
-        the channel is not encrypted or the allowlist is the explicit `*` (any key)."""
-        from sglang_pdd.protocol.curve import ANY_CLIENT, ENV_CLIENTS, CurveKeyError, load_clients
-
-        if self.curve_key(environ) is None:
-            return None
-        try:
-            clients = load_clients(environ)
-        except CurveKeyError as e:
-            raise PddConfigError(f"--pdd-token-curve: {e}") from None
-        if clients is None:
-            raise PddConfigError(f"--pdd-token-curve: the relay encrypts, but {ENV_CLIENTS} (or {ENV_CLIENTS}_FILE) "
-                                 "is not set: list the public keys of the MainDecode servers it admits, or "
-                                 f"'{ANY_CLIENT}' to admit any key (the frames' HMAC is then the only check)")
-        return None if clients == ANY_CLIENT else clients
-
-    def curve_client_key(self, environ: dict | None = None) -> bytes | None:
-        """Main: its own CURVE secret key (its public key goes on the relays' allowlists); None when
-        the channel is not encrypted or none is set (a keypair is drawn per connection)."""
-        from sglang_pdd.protocol.curve import ENV_CLIENT_KEY, CurveKeyError, load_key
-
-        if self.curve_key(environ) is None:
-            return None
-        try:
-            return load_key(environ, ENV_CLIENT_KEY)
-        except CurveKeyError as e:
-            raise PddConfigError(f"--pdd-token-curve: {e}") from None
-
     def describe(self) -> str:
         waits = f", idle wait {self.idle_wait_s * 1e3:g} ms, transfer poll {self.transfer_poll_s * 1e3:g} ms"
         if not self.active:
@@ -357,12 +284,15 @@ def from_cli_args(args: argparse.Namespace, disaggregation_mode: str = "null",
             f"--pdd-role {cfg.role.value} needs --disaggregation-decode-enable-radix-cache "
             "(MainDecode's decode-side radix cache is what keeps WAN bytes low)"
         )
-    if cfg.role in (Role.RELAY, Role.MAIN):
-        cfg.secret()  # fail at start-up, not at the first handoff
-        if cfg.role is Role.RELAY:
-            cfg.curve_clients()  # its key, and the MD keys it admits
+    try:  # the token channel's keys: fail at start-up, not at the first handoff
+        if cfg.role in (Role.RELAY, Role.MAIN):
+            keys.secret()
+            if cfg.role is Role.RELAY:
+                keys.curve_clients(cfg.token_curve)  # its key, and the MD keys it admits
+            else:
+                keys.curve_client_key(cfg.token_curve)  # the relay's key, and its own
         else:
-            cfg.curve_client_key()  # the relay's key, and its own
-    else:
-        cfg.optional_secret()  # a prefill's is optional, but one that is given must be readable
+            keys.optional_secret()  # a prefill's is optional, but one that is given must be readable
+    except keys.ChannelKeyError as e:
+        raise PddConfigError(str(e)) from None
     return cfg

@@ -18,6 +18,7 @@ import logging
 
 from sglang_pdd.config import PddConfig
 from sglang_pdd.decode.role import DecodeRole
+from sglang_pdd.protocol import keys
 from sglang_pdd.server.roles import Role
 
 logger = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ def runtime(scheduler) -> DecodeRole | None:
 def _leader(scheduler, cfg: PddConfig) -> DecodeRole:
     """Rank 0's runtime, from its role's control module: the plain class, or with any test switch on its
     subclass with the controls."""
-    secret = cfg.secret()
+    secret = keys.secret()
     if cfg.role is Role.RELAY:
         from sglang_pdd.decode.relay import controls as relay_controls
 

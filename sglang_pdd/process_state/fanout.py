@@ -5,12 +5,13 @@ from __future__ import annotations
 import functools
 import logging
 
-from sglang_pdd import test_switches
 from sglang_pdd.server import metrics
-from sglang_pdd.config import ENV_SECRET, PddConfig
+from sglang_pdd.config import PddConfig
+from sglang_pdd.protocol import keys
 from sglang_pdd.protocol.request_auth import verifier_or_none
 from sglang_pdd.process_state.transfer_ledger import LEDGER
 from sglang_pdd.server.roles import Role
+from sglang_pdd.transfer import controls
 from sglang_pdd.transfer.fanout import Poll
 from sglang_pdd.transfer.lanes import MAIN_PATH, RELAY_PATH, FanoutRegistry, MainLanes
 from sglang_pdd.transfer.mooncake_fanout import FanoutBuilder
@@ -29,13 +30,13 @@ def builder() -> FanoutBuilder | None:
     cfg = PddConfig.from_env()
     if cfg.role is not Role.PREFILL:
         return None
-    secret = cfg.optional_secret()
+    secret = keys.optional_secret()
     if secret is None:
         logger.warning("sglang-pdd: this prefill has no %s: it takes any client's custom_params.pdd.main_room "
                        "(give it the secret the router holds, so that only the router's signed rooms are taken)",
-                       ENV_SECRET)
-    return FanoutBuilder(REGISTRY, cfg.main_bootstrap_timeout, switches=test_switches.for_process(),
-                         verifier=verifier_or_none(secret))
+                       keys.ENV_SECRET)
+    return FanoutBuilder(REGISTRY, cfg.main_bootstrap_timeout, verifier=verifier_or_none(secret),
+                         extra_skip_pages=controls.for_process().extra_skip_pages)
 
 
 def refuses_registration(manager, room: int, status) -> bool:

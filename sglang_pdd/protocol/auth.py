@@ -1,7 +1,7 @@
 """HMAC-SHA256 over every token-channel frame, with a secret shared by RLD and MD.
 
 Frame = 32-byte MAC || payload. The secret comes from `SGLANG_PDD_SECRET` or the file `SGLANG_PDD_SECRET_FILE`
-names (`PddConfig.secret`; never a command line, which
+names (`protocol.keys.secret`; never a command line, which
 `ps` shows); without one the channel refuses to start on a non-loopback address.
 """
 

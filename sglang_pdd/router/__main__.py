@@ -26,7 +26,7 @@ import sys
 from urllib.parse import urlparse
 
 from sglang_pdd.router.cache.kv_subscriber import KvEventSource
-from sglang_pdd.config import ENV_SECRET, ENV_SECRET_FILE, PddConfig
+from sglang_pdd.protocol import keys
 from sglang_pdd.policy.bandwidth import BandwidthEstimator
 from sglang_pdd.policy.peer_choice import ChoiceConfig
 from sglang_pdd.policy.pipeline import PipelinePolicy, PipelinePolicyConfig
@@ -107,14 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
 def _signer(has_relays: bool) -> ParamsSigner | None:
     """The signer of P's and MD's PDD parameters, from the secret RLD and MD hold; relays need it."""
     try:
-        secret = PddConfig().optional_secret()
+        secret = keys.optional_secret()
         signer = ParamsSigner(secret) if secret else None
     except ValueError as e:
         raise SystemExit(f"sglang-pdd router: error: {e}") from None
     if signer is None and has_relays:
-        raise SystemExit(f"sglang-pdd router: error: --relay needs {ENV_SECRET} (or {ENV_SECRET_FILE}), the secret "
-                         "RLD and MD hold: the router signs each request's PDD parameters with it, and P and MD "
-                         "refuse unsigned ones")
+        raise SystemExit(f"sglang-pdd router: error: --relay needs {keys.ENV_SECRET} (or {keys.ENV_SECRET_FILE}), "
+                         "the secret RLD and MD hold: the router signs each request's PDD parameters with it, "
+                         "and P and MD refuse unsigned ones")
     return signer
 
 
@@ -177,10 +177,14 @@ def main(argv: list[str] | None = None) -> int:
     limits = ModelLimits.from_model_dir(args.tokenizer_path, args.context_length)
     model_name = args.model_name or args.tokenizer_path.rstrip("/").split("/")[-1]
     openai = openai_frontend(args, model_name)
+    if not args.max_body_mb_in_flight >= args.max_body_mb > 0:
+        raise SystemExit(f"sglang-pdd router: --max-body-mb-in-flight ({args.max_body_mb_in_flight:g}) must be at "
+                         f"least --max-body-mb ({args.max_body_mb:g}), and both positive")
     app = RouterApp(d, tok, model_name, args.default_max_tokens,
                     limits=limits, max_body_bytes=int(args.max_body_mb * (1 << 20)), door=door,
                     api_keys=tuple(api_keys), tokenizer_workers=args.tokenizer_threads,
-                    tokenizer_queue=args.tokenizer_queue, openai=openai)
+                    tokenizer_queue=args.tokenizer_queue, openai=openai,
+                    max_body_bytes_in_flight=int(args.max_body_mb_in_flight * (1 << 20)))
     logging.getLogger(__name__).info("sglang-pdd router: %d prefill, %d relay, %d main; pipeline %s",
                                      len(prefill.peers), len(relay.peers), len(main_.peers), args.pipeline)
     app.serve(args.host, args.port)

@@ -18,8 +18,8 @@ import sysconfig
 import pytest
 
 from sglang_pdd import config
+from sglang_pdd.protocol import keys
 from sglang_pdd.server import supported
-from sglang_pdd.server.roles import Role
 
 from .conftest import EXAMPLES
 from .server_argv import parse_server
@@ -183,7 +183,7 @@ def test_the_secret_is_a_file_path_never_a_value(env_file, tmp_path):
         assert "SGLANG_PDD_SECRET_FILE" in env, role  # every role and the router (signed PDD parameters)
     secret = env_file.parent / "secret"
     # what a server started with MD's environment authenticates with (the plugin's own reader)
-    assert config.PddConfig(role=Role.MAIN).secret(one(ROLES["main"], env_file)[0]) == SECRET.encode()
+    assert keys.secret(one(ROLES["main"], env_file)[0]) == SECRET.encode()
     base = {k: v for k, v in os.environ.items() if not k.startswith(("PDD_", "SGLANG_PDD_SECRET"))}
     run = lambda **e: subprocess.run(["bash", os.path.join(HERE, ROLES["relay"])], capture_output=True,  # noqa: E731
                                      text=True, env={**base, "PDD_ENV": str(env_file), "PDD_DRY_RUN": "1", **e})

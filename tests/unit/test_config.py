@@ -209,34 +209,28 @@ def test_seeded_sampling_is_on_for_roles_and_exported_for_a_plain_server_that_as
     assert config.ENV_CONFIG not in env
 
 
-def test_secret_comes_from_the_environment_or_a_file(tmp_path):
-    f = tmp_path / "secret"
-    f.write_bytes(b"s3cret-of-16-bytes\n")  # as `echo ... > file` writes it: the newline is not part of the key
-    cfg = PddConfig(role=Role.MAIN)
-    assert cfg.secret({config.ENV_SECRET: "s3cret-of-16-bytes"}) == cfg.secret({config.ENV_SECRET_FILE: str(f)}) \
-        == b"s3cret-of-16-bytes"
-    f.write_bytes(b"s3cret-of-16-bytes")
-    assert cfg.secret({config.ENV_SECRET_FILE: str(f)}) == b"s3cret-of-16-bytes"
-
-
-@pytest.mark.parametrize("content, env, match", [
-    (None, {}, "SGLANG_PDD_SECRET .or SGLANG_PDD_SECRET_FILE. is not set"),
-    (b"\n", {"file": True}, "is empty"),
-    (None, {"file": True}, "cannot read"),
-    (b"x", {"file": True, config.ENV_SECRET: "x"}, "set one"),
-    (None, {config.ENV_SECRET: "x"}, "SGLANG_PDD_SECRET: the secret is 1 bytes, at least 16"),
-    (None, {config.ENV_SECRET: "fifteen-bytes.."}, "SGLANG_PDD_SECRET: the secret is 15 bytes"),
-    (b"short\n", {"file": True}, "SGLANG_PDD_SECRET_FILE: the secret is 5 bytes, at least 16"),
+@pytest.mark.parametrize("role, argv, environ, match", [
+    ("relay", ["--pdd-token-port", "18500"], {}, "SGLANG_PDD_SECRET .or SGLANG_PDD_SECRET_FILE. is not set"),
+    ("main", [], {"SGLANG_PDD_SECRET": "x"}, "SGLANG_PDD_SECRET: the secret is 1 bytes, at least 16"),
+    ("prefill", [], {"SGLANG_PDD_SECRET": "x", "SGLANG_PDD_SECRET_FILE": "f"}, "set one"),
+    ("main", ["--pdd-token-curve", "on"], {"SGLANG_PDD_SECRET": "s" * 16}, "--pdd-token-curve on: no key"),
 ])
-def test_a_missing_empty_or_doubly_given_secret_is_a_clear_error(tmp_path, content, env, match):
-    f = tmp_path / "secret"
-    if content is not None:
-        f.write_bytes(content)
-    environ = {k: v for k, v in env.items() if k != "file"}
-    if env.get("file"):
-        environ[config.ENV_SECRET_FILE] = str(f)
+def test_start_up_refuses_a_bad_key_as_a_config_error_naming_it(monkeypatch, role, argv, environ, match):
+    """The token channel's keys (protocol.keys) are read at start-up: their error is the launcher's
+    PddConfigError, with the key's message."""
+    for name in ("SGLANG_PDD_SECRET", "SGLANG_PDD_SECRET_FILE", "SGLANG_PDD_TOKEN_CURVE_KEY",
+                 "SGLANG_PDD_TOKEN_CURVE_KEY_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    mode = "prefill" if role == "prefill" else "decode"
     with pytest.raises(PddConfigError, match=match):
-        PddConfig(role=Role.RELAY).secret(environ)
+        config.from_cli_args(parse("--pdd-role", role, *argv), disaggregation_mode=mode, decode_radix_cache=True)
+    monkeypatch.setenv("SGLANG_PDD_SECRET", "s" * 16)  # the control: the same flags with a good key start
+    monkeypatch.delenv("SGLANG_PDD_SECRET_FILE", raising=False)
+    if "on" not in argv:
+        assert config.from_cli_args(parse("--pdd-role", role, *argv), disaggregation_mode=mode,
+                                    decode_radix_cache=True).role is Role(role)
 
 
 def test_idle_wait_and_transfer_poll_default_on_for_pdd_roles_only():

@@ -12,6 +12,7 @@ from sglang_pdd.decode.role import DecodeRole
 from sglang_pdd.decode.main import extend_batch
 from sglang_pdd.decode.main.handoff import Abort, MainHandoff
 from sglang_pdd.decode.main.handoff_attention import ATTENTION, HandoffAttention
+from sglang_pdd.protocol import keys
 from sglang_pdd.protocol.channel import MainChannel
 from sglang_pdd.protocol.request import RequestParamsError, parse
 from sglang_pdd.protocol.request_auth import ParamsVerifier
@@ -29,8 +30,9 @@ class MainRuntime(DecodeRole):
 
     def __init__(self, scheduler, cfg: PddConfig, secret: bytes, attention: HandoffAttention = ATTENTION):
         super().__init__(scheduler)
-        client_key = cfg.curve_client_key()  # its public key is on the relays' allowlists
-        self.channel = MainChannel(secret, vocab_size=scheduler.model_config.vocab_size, curve_key=cfg.curve_key(),
+        client_key = keys.curve_client_key(cfg.token_curve)  # its public key is on the relays' allowlists
+        curve_key = keys.curve_key(cfg.token_curve)  # the relays' public key
+        self.channel = MainChannel(secret, vocab_size=scheduler.model_config.vocab_size, curve_key=curve_key,
                                    record=lambda reason: metrics.record_channel_rejects("main", reason, 1),
                                    curve_client_key=client_key)
         if self.channel.encrypted and client_key is None:

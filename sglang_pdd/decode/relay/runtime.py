@@ -9,6 +9,7 @@ from sglang_pdd.server import idle_wait
 from sglang_pdd.server import metrics
 from sglang_pdd.config import PddConfig
 from sglang_pdd.decode.role import DecodeRole
+from sglang_pdd.protocol import keys
 from sglang_pdd.protocol.channel import RelayChannel
 from sglang_pdd.protocol.handoff_finish import HandoffFinish
 from sglang_pdd.decode.rank_sync import Finish, RankSync
@@ -43,9 +44,10 @@ class RelayRuntime(DecodeRole):
         """`hold`: RelayHandoff's; the tests' control gives its own (controls.py), production none."""
         super().__init__(scheduler)
         host = scheduler.server_args.host or "0.0.0.0"
-        clients = cfg.curve_clients()  # the MD keys its CURVE admits (None: any, or no CURVE)
+        clients = keys.curve_clients(cfg.token_curve)  # the MD keys its CURVE admits (None: any, or no CURVE)
+        curve_key = keys.curve_key(cfg.token_curve)
         self.channel = RelayChannel(f"tcp://{host}:{cfg.token_port}", secret,
-                                    vocab_size=scheduler.model_config.vocab_size, curve_key=cfg.curve_key(),
+                                    vocab_size=scheduler.model_config.vocab_size, curve_key=curve_key,
                                     record=lambda reason: metrics.record_channel_rejects("relay", reason, 1),
                                     curve_clients=clients)
         policy = HandoffModePolicy(HandoffModeConfig(

@@ -18,17 +18,17 @@ from sglang_pdd.server.metrics import parse_exposition
 from sglang_pdd.policy.pipeline import Pipeline
 from sglang_pdd.protocol import room_plan
 from sglang_pdd.protocol.handoff_finish import HandoffFinish
-from sglang_pdd.config import PddConfig
+from sglang_pdd.protocol import keys
 from sglang_pdd.protocol.request_auth import ParamsSigner
 from sglang_pdd.lab.testing.client import GenerateError, generate
 from sglang_pdd.lab.testing.servers import http_json
 
 
 def signer_from_env(environ: dict | None = None) -> ParamsSigner | None:
-    """A signer with the shared secret as the servers read it (`PddConfig.optional_secret`:
+    """A signer with the shared secret as the servers read it (`protocol.keys.optional_secret`:
     `SGLANG_PDD_SECRET` or the file `SGLANG_PDD_SECRET_FILE` names), None without one; ValueError
     when both are set or the file cannot be read or is empty."""
-    secret = PddConfig().optional_secret(environ)
+    secret = keys.optional_secret(environ)
     return ParamsSigner(secret) if secret else None
 
 

@@ -9,10 +9,10 @@ import threading
 import pytest
 import zmq
 
-from sglang_pdd import config
 from sglang_pdd.config import PddConfig, PddConfigError
-from sglang_pdd.protocol import curve
+from sglang_pdd.protocol import curve, keys
 from sglang_pdd.protocol.channel import MainChannel, RelayChannel
+from sglang_pdd.protocol.keys import ChannelKeyError
 from sglang_pdd.protocol.messages import Ready, Tokens
 from sglang_pdd.server.roles import Role
 
@@ -107,16 +107,15 @@ def test_keys_and_the_flag_at_start_up(tmp_path):
     public, secret = zmq.curve_keypair()
     f = tmp_path / "relay.key"
     f.write_bytes(secret + b"\n")
-    relay = PddConfig(role=Role.RELAY, token_port=1)
-    assert relay.curve_key({curve.ENV_KEY_FILE: str(f)}) == secret
-    assert relay.curve_key({}) is None  # auto without a key: plaintext
-    assert PddConfig(role=Role.MAIN, token_curve="off").curve_key({curve.ENV_KEY: public.decode()}) is None
-    with pytest.raises(PddConfigError, match="--pdd-token-curve on: no key"):
-        PddConfig(role=Role.MAIN, token_curve="on").curve_key({})
-    with pytest.raises(PddConfigError, match="not a Z85 CURVE key"):
-        relay.curve_key({curve.ENV_KEY: "short"})
-    with pytest.raises(PddConfigError, match="set one"):
-        relay.curve_key({curve.ENV_KEY: public.decode(), curve.ENV_KEY_FILE: str(f)})
+    assert keys.curve_key("auto", {curve.ENV_KEY_FILE: str(f)}) == secret
+    assert keys.curve_key("auto", {}) is None  # auto without a key: plaintext
+    assert keys.curve_key("off", {curve.ENV_KEY: public.decode()}) is None
+    with pytest.raises(ChannelKeyError, match="--pdd-token-curve on: no key"):
+        keys.curve_key("on", {})
+    with pytest.raises(ChannelKeyError, match="not a Z85 CURVE key"):
+        keys.curve_key("auto", {curve.ENV_KEY: "short"})
+    with pytest.raises(ChannelKeyError, match="set one"):
+        keys.curve_key("auto", {curve.ENV_KEY: public.decode(), curve.ENV_KEY_FILE: str(f)})
     with pytest.raises(PddConfigError, match="--pdd-token-curve: invalid choice"):
         PddConfig.from_json(PddConfig(role=Role.MAIN, token_curve="maybe").to_json())
 

@@ -8,11 +8,11 @@ import pytest
 import zmq
 import zmq.utils.monitor
 
-from sglang_pdd.config import PddConfig, PddConfigError
-from sglang_pdd.protocol import curve
+from sglang_pdd.config import PddConfigError
+from sglang_pdd.protocol import curve, keys
 from sglang_pdd.protocol.channel import MainChannel, RelayChannel
+from sglang_pdd.protocol.keys import ChannelKeyError
 from sglang_pdd.protocol.messages import Ready, Tokens
-from sglang_pdd.server.roles import Role
 
 from .test_token_channel import wait_for
 
@@ -20,7 +20,7 @@ SECRET = b"k"
 
 
 @pytest.fixture
-def keys():
+def pairs():
     relay_public, relay_secret = zmq.curve_keypair()
     allowed_public, allowed_secret = zmq.curve_keypair()
     _, other_secret = zmq.curve_keypair()
@@ -28,8 +28,8 @@ def keys():
                 allowed_secret=allowed_secret, other_secret=other_secret)
 
 
-def relay(keys, clients):
-    return RelayChannel("tcp://127.0.0.1:*", SECRET, vocab_size=2048, curve_key=keys["relay_secret"],
+def relay(pairs, clients):
+    return RelayChannel("tcp://127.0.0.1:*", SECRET, vocab_size=2048, curve_key=pairs["relay_secret"],
                         curve_clients=clients)
 
 
@@ -55,9 +55,9 @@ def handshake_refused(md: MainChannel, rld: RelayChannel) -> bool:
         mon.close(0)
 
 
-def test_an_allowed_main_key_connects_and_exchanges_frames(keys):
-    rld = relay(keys, frozenset({keys["allowed_public"]}))
-    md = MainChannel(SECRET, vocab_size=2048, curve_key=keys["relay_public"], curve_client_key=keys["allowed_secret"])
+def test_an_allowed_main_key_connects_and_exchanges_frames(pairs):
+    rld = relay(pairs, frozenset({pairs["allowed_public"]}))
+    md = MainChannel(SECRET, vocab_size=2048, curve_key=pairs["relay_public"], curve_client_key=pairs["allowed_secret"])
     try:
         assert [m.ids for _, m in exchange(rld, md, room=1)] == [[1, 2, 3]]
         assert rld.rejected["curve_unknown_key"] == 0
@@ -66,11 +66,11 @@ def test_an_allowed_main_key_connects_and_exchanges_frames(keys):
 
 
 @pytest.mark.parametrize("client", ["other key", "drawn per connection"])
-def test_an_unknown_main_key_gets_nothing_through(keys, client):
-    rld = relay(keys, frozenset({keys["allowed_public"]}))
-    intruder = MainChannel(SECRET, vocab_size=2048, curve_key=keys["relay_public"],
-                           curve_client_key=keys["other_secret"] if client == "other key" else None)
-    md = MainChannel(SECRET, vocab_size=2048, curve_key=keys["relay_public"], curve_client_key=keys["allowed_secret"])
+def test_an_unknown_main_key_gets_nothing_through(pairs, client):
+    rld = relay(pairs, frozenset({pairs["allowed_public"]}))
+    intruder = MainChannel(SECRET, vocab_size=2048, curve_key=pairs["relay_public"],
+                           curve_client_key=pairs["other_secret"] if client == "other key" else None)
+    md = MainChannel(SECRET, vocab_size=2048, curve_key=pairs["relay_public"], curve_client_key=pairs["allowed_secret"])
     try:
         assert handshake_refused(intruder, rld)
         for _ in range(20):
@@ -82,38 +82,39 @@ def test_an_unknown_main_key_gets_nothing_through(keys, client):
         intruder.close(), md.close(), rld.close()
 
 
-def test_control_the_same_unknown_key_passes_a_relay_that_admits_any(keys):
-    rld = relay(keys, None)
-    intruder = MainChannel(SECRET, vocab_size=2048, curve_key=keys["relay_public"], curve_client_key=keys["other_secret"])
+def test_control_the_same_unknown_key_passes_a_relay_that_admits_any(pairs):
+    rld = relay(pairs, None)
+    intruder = MainChannel(SECRET, vocab_size=2048, curve_key=pairs["relay_public"], curve_client_key=pairs["other_secret"])
     try:
         assert [m.ids for _, m in exchange(rld, intruder, room=4)] == [[1, 2, 3]]
     finally:
         intruder.close(), rld.close()
 
 
-def test_start_up_needs_an_allowlist_with_curve(keys, tmp_path):
-    base = {curve.ENV_KEY: keys["relay_secret"].decode()}
-    rld = PddConfig(role=Role.RELAY, token_port=1)
-    with pytest.raises(PddConfigError, match="SGLANG_PDD_TOKEN_CURVE_CLIENTS .*is not set"):
-        rld.curve_clients(base)
-    assert rld.curve_clients({}) is None  # no CURVE: nothing to admit
-    assert rld.curve_clients({**base, curve.ENV_CLIENTS: "*"}) is None  # the explicit opt-out
+def test_start_up_needs_an_allowlist_with_curve(pairs, tmp_path):
+    base = {curve.ENV_KEY: pairs["relay_secret"].decode()}
+    with pytest.raises(ChannelKeyError, match="SGLANG_PDD_TOKEN_CURVE_CLIENTS .*is not set"):
+        keys.curve_clients("auto", base)
+    assert keys.curve_clients("auto", {}) is None  # no CURVE: nothing to admit
+    assert keys.curve_clients("off", base) is None  # nor with CURVE off
+    assert keys.curve_clients("auto", {**base, curve.ENV_CLIENTS: "*"}) is None  # the explicit opt-out
     other = zmq.curve_keypair()[0]
-    listed = f"{keys['allowed_public'].decode()}, {other.decode()}"
-    assert rld.curve_clients({**base, curve.ENV_CLIENTS: listed}) == {keys["allowed_public"], other}
+    listed = f"{pairs['allowed_public'].decode()}, {other.decode()}"
+    assert keys.curve_clients("auto", {**base, curve.ENV_CLIENTS: listed}) == {pairs["allowed_public"], other}
     f = tmp_path / "clients"
-    f.write_text(f"# MainDecode a\n{keys['allowed_public'].decode()}\n\n# b\n{other.decode()}\n")
-    assert rld.curve_clients({**base, curve.ENV_CLIENTS + "_FILE": str(f)}) == {keys["allowed_public"], other}
+    f.write_text(f"# MainDecode a\n{pairs['allowed_public'].decode()}\n\n# b\n{other.decode()}\n")
+    from_file = {**base, curve.ENV_CLIENTS + "_FILE": str(f)}
+    assert keys.curve_clients("auto", from_file) == {pairs["allowed_public"], other}
     for bad, match in ((f"{other.decode()} short", "entry 2 is not a Z85 CURVE public key"),
                        ("# nothing\n", "no key")):
-        with pytest.raises(PddConfigError, match=match):
-            rld.curve_clients({**base, curve.ENV_CLIENTS: bad})
-    md = PddConfig(role=Role.MAIN)
-    md_env = {curve.ENV_KEY: keys["relay_public"].decode()}
-    assert md.curve_client_key(md_env) is None
-    assert md.curve_client_key({**md_env, curve.ENV_CLIENT_KEY: keys["allowed_secret"].decode()}) == keys["allowed_secret"]
-    with pytest.raises(PddConfigError, match="SGLANG_PDD_TOKEN_CURVE_CLIENT_KEY: not a Z85 CURVE key"):
-        md.curve_client_key({**md_env, curve.ENV_CLIENT_KEY: "short"})
+        with pytest.raises(ChannelKeyError, match=match):
+            keys.curve_clients("auto", {**base, curve.ENV_CLIENTS: bad})
+    md_env = {curve.ENV_KEY: pairs["relay_public"].decode()}
+    assert keys.curve_client_key("auto", md_env) is None
+    own = {**md_env, curve.ENV_CLIENT_KEY: pairs["allowed_secret"].decode()}
+    assert keys.curve_client_key("auto", own) == pairs["allowed_secret"]
+    with pytest.raises(ChannelKeyError, match="SGLANG_PDD_TOKEN_CURVE_CLIENT_KEY: not a Z85 CURVE key"):
+        keys.curve_client_key("auto", {**md_env, curve.ENV_CLIENT_KEY: "short"})
 
 
 def test_the_key_tool_writes_a_named_pair(tmp_path):
@@ -123,7 +124,7 @@ def test_the_key_tool_writes_a_named_pair(tmp_path):
     assert curve.main([str(tmp_path), "../elsewhere"]) == 2
 
 
-def test_a_relay_with_curve_and_no_allowlist_refuses_to_start(keys, monkeypatch):
+def test_a_relay_with_curve_and_no_allowlist_refuses_to_start(pairs, monkeypatch):
     import argparse
 
     from sglang_pdd import config
@@ -131,22 +132,23 @@ def test_a_relay_with_curve_and_no_allowlist_refuses_to_start(keys, monkeypatch)
     parser = argparse.ArgumentParser()
     config.add_cli_args(parser)
     args = parser.parse_args(["--pdd-role", "relay", "--pdd-token-port", "18500"])
-    monkeypatch.setenv(config.ENV_SECRET, "s" * 32)
-    monkeypatch.setenv(curve.ENV_KEY, keys["relay_secret"].decode())
+    monkeypatch.setenv(keys.ENV_SECRET, "s" * 32)
+    monkeypatch.setenv(curve.ENV_KEY, pairs["relay_secret"].decode())
     with pytest.raises(PddConfigError, match="SGLANG_PDD_TOKEN_CURVE_CLIENTS"):
         config.from_cli_args(args, disaggregation_mode="decode")
-    monkeypatch.setenv(curve.ENV_CLIENTS, keys["allowed_public"].decode())
-    assert config.from_cli_args(args, disaggregation_mode="decode").curve_clients() == {keys["allowed_public"]}
+    monkeypatch.setenv(curve.ENV_CLIENTS, pairs["allowed_public"].decode())
+    cfg = config.from_cli_args(args, disaggregation_mode="decode")
+    assert keys.curve_clients(cfg.token_curve) == {pairs["allowed_public"]}
 
 
-def test_a_relay_that_cannot_bind_leaves_no_zap_thread(keys):
+def test_a_relay_that_cannot_bind_leaves_no_zap_thread(pairs):
     import threading
 
-    first = relay(keys, frozenset({keys["allowed_public"]}))
+    first = relay(pairs, frozenset({pairs["allowed_public"]}))
     threads = threading.active_count()
     try:
         with pytest.raises(zmq.ZMQError):
-            RelayChannel(first.address, SECRET, curve_key=keys["relay_secret"], curve_clients=frozenset())
+            RelayChannel(first.address, SECRET, curve_key=pairs["relay_secret"], curve_clients=frozenset())
         assert threading.active_count() == threads
     finally:
         first.close()

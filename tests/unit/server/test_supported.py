@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_pdd import config
+from sglang_pdd.protocol import keys
 from sglang_pdd.server import supported
 from sglang_pdd.hooks import server_args as server_args_hook
 from sglang_pdd.lab.testing.launch_args import ServerConfig
@@ -31,7 +32,7 @@ def parser():
 
 @pytest.fixture(autouse=True)
 def secret(monkeypatch):
-    monkeypatch.setenv(config.ENV_SECRET, "sixteen-byte-key")
+    monkeypatch.setenv(keys.ENV_SECRET, "sixteen-byte-key")
     monkeypatch.delenv(config.ENV_CONFIG, raising=False)
 
 
