@@ -18,6 +18,7 @@ from sglang_pdd.router.api.openai import shapes as oa
 from sglang_pdd.router.api.admission import BadRequest, ModelLimits
 from sglang_pdd.router.api import front_door
 from sglang_pdd.router.api.openai import chat as openai_chat
+from sglang_pdd.router.api.body_budget import BodyBudget
 from sglang_pdd.router.api.client_auth import ClientAuth
 from sglang_pdd.router.request.dispatch import PIPELINE_MODES, Dispatcher, Outcome, RequestFailed
 from sglang_pdd.router.api.front_door import FrontDoor, FrontDoorConfig
@@ -43,7 +44,8 @@ class RouterApp:
     def __init__(self, dispatcher: Dispatcher, tokenizer, model_name: str, default_max_tokens: int = 128,
                  limits: ModelLimits = ModelLimits(), max_body_bytes: int = 64 << 20,
                  door: FrontDoorConfig = FrontDoorConfig(), api_keys: tuple[str, ...] = (),
-                 tokenizer_workers: int = 4, tokenizer_queue: int = 64, openai=None):
+                 tokenizer_workers: int = 4, tokenizer_queue: int = 64, openai=None,
+                 max_body_bytes_in_flight: int = 256 << 20):
         """`openai`: sglang's OpenAI chat layer (`openai.sglang_server.SglangOpenAI`) for /v1/chat/completions;
         None: the router's own minimal one (text only)."""
         self.d, self.tok, self.model = dispatcher, tokenizer, model_name
@@ -53,11 +55,14 @@ class RouterApp:
         self.prep = Preparer(tokenizer, limits, default_max_tokens, tokenizer_workers, tokenizer_queue, openai)
         self.door = FrontDoor(door, self.metrics)
         self.in_flight = InFlight(door.max_in_flight, door.max_in_flight_per_client, door.retry_after_s, self.metrics)
+        self.bodies = BodyBudget(max_body_bytes_in_flight, door.retry_after_s, self.metrics)
         for name, v in (("connections", door.max_connections), ("in-flight", door.max_in_flight),
-                        ("per-client", door.max_in_flight_per_client), ("tokenizer-queue", self.prep.capacity)):
+                        ("per-client", door.max_in_flight_per_client), ("tokenizer-queue", self.prep.capacity),
+                        ("body-bytes", max_body_bytes_in_flight)):
             self.metrics.limit.labels(name).set(v)
         auth = ClientAuth(api_keys, self.metrics)
-        app = web.Application(client_max_size=max_body_bytes, middlewares=[auth.middleware, self.in_flight.middleware])
+        app = web.Application(client_max_size=max_body_bytes, middlewares=[auth.middleware, self.in_flight.middleware,
+                                                                               self.bodies.middleware])
         app.add_routes([
             web.post("/generate", self.generate), web.post("/v1/completions", self.completions),
             web.post("/v1/chat/completions", self.chat), web.get("/v1/models", self.models),
@@ -115,13 +120,14 @@ class RouterApp:
         self.metrics.open_connections.set(self.door.open)
         self.metrics.in_flight.set(self.in_flight.total)
         self.metrics.tokenizer_queue.set(self.prep.pending)
+        self.metrics.body_bytes.set(self.bodies.held)
         return web.Response(body=generate_latest(self.metrics.registry), content_type="text/plain")
 
     async def _prepared(self, request, kind: str) -> Prepared | web.Response:
         """The client's body parsed, checked and tokenized off the event loop; an error response for a
         client error (413 for a body over the limit, 408 for one too slow, else 400); 503 with
         Retry-After when the tokenizer queue is full."""
-        raw = await front_door.read_body(request, self.door)
+        raw = await front_door.read_body(request, self.door, self.bodies)
         if isinstance(raw, web.Response):
             return raw
         try:
@@ -193,7 +199,7 @@ class RouterApp:
 
     def _meta(self, outcome: Outcome, reason, n_prompt: int, n_out: int) -> dict:
         pdd = ReplyMeta(pipeline=outcome.pipeline.value if outcome.pipeline else None,
-                        handoff_tokens=outcome.handoff_k, handoff_mode=outcome.handoff_mode,
+                        handoff_tokens=outcome.handoff_tokens, handoff_mode=outcome.handoff_mode,
                         reason=outcome.reason, md_hit=outcome.md_hit, missed_bytes=outcome.missed_bytes,
                         predicted_wan_s=outcome.predicted_wan_s, rld_in_flight=outcome.rld_in_flight,
                         md=MainChoiceMeta(**outcome.main_choice.public()) if outcome.main_choice else None,

@@ -193,6 +193,10 @@ def _front_door_flags(ap: argparse.ArgumentParser) -> None:
                     help="refuse (400) prompts + max tokens beyond this (default: the model's "
                          "max_position_embeddings; set it to the servers' --context-length)")
     ap.add_argument("--max-body-mb", type=float, default=64.0, help="refuse (413) request bodies over this (MB)")
+    ap.add_argument("--max-body-mb-in-flight", type=float, default=256.0,
+                    help="request bodies the router holds at once, all clients together (MB); a body that does not "
+                         "fit what is left gets 503 with Retry-After as its bytes arrive (default 256: four bodies of "
+                         "the default --max-body-mb; --max-in-flight alone would let 1024 x 64 MB in)")
     ap.add_argument("--default-max-tokens", type=int, default=128,
                     help="max tokens for a request that gives none")
     ap.add_argument("--header-timeout-s", type=float, default=door.header_timeout_s,

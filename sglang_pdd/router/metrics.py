@@ -8,9 +8,10 @@ from sglang_pdd.policy.pipeline import NO_MAIN
 from sglang_pdd.router.request.dispatch import Outcome
 
 # Why the front door refused a connection or a request (sglang_pdd_router_refused_total{reason}).
-REFUSALS = ("connections", "in-flight", "per-client", "tokenizer-queue", "header-timeout", "body-timeout", "auth")
+REFUSALS = ("connections", "in-flight", "per-client", "tokenizer-queue", "header-timeout", "body-timeout", "auth",
+            "body-budget")
 # The limits exported as sglang_pdd_router_limit{limit}.
-LIMITS = ("connections", "in-flight", "per-client", "tokenizer-queue")
+LIMITS = ("connections", "in-flight", "per-client", "tokenizer-queue", "body-bytes")
 
 # TTFT buckets (seconds): a same-site first token is tens of ms, a cold prompt whose KV crosses a slow WAN
 # can take seconds to tens of seconds.
@@ -73,10 +74,13 @@ class RouterMetrics:
                                       registry=self.registry)
         self.in_flight = Gauge("sglang_pdd_router_in_flight", "Client requests being served now (not /health, "
                                "/metrics)", registry=self.registry)
+        self.body_bytes = Gauge("sglang_pdd_router_body_bytes", "Bytes of request bodies the router holds now "
+                                "(their budget: sglang_pdd_router_limit{limit=\"body-bytes\"})", registry=self.registry)
         self.tokenizer_queue = Gauge("sglang_pdd_router_tokenizer_queue", "Requests being parsed and tokenized "
                                      "or waiting for a tokenizer thread", registry=self.registry)
         self.limit = Gauge("sglang_pdd_router_limit", "The front door's configured limits (--max-connections, "
-                           "--max-in-flight, --max-in-flight-per-client, tokenizer threads + --tokenizer-queue)",
+                           "--max-in-flight, --max-in-flight-per-client, tokenizer threads + --tokenizer-queue, "
+                           "--max-body-mb-in-flight in bytes)",
                            ("limit",), registry=self.registry)
         self.refused = Counter("sglang_pdd_router_refused", "Connections and requests the front door refused or "
                                "closed, by reason (" + ", ".join(REFUSALS) + ")", ("reason",),
@@ -98,12 +102,12 @@ class RouterMetrics:
     def record(self, outcome: Outcome, ok: bool, n_tokens: int) -> None:
         pipe = outcome.pipeline.value if outcome.pipeline else "none"
         self.requests.labels(pipe, "ok" if ok else "error").inc()
-        k = min(outcome.handoff_k or 0, n_tokens)
+        handoff_tokens = min(outcome.handoff_tokens or 0, n_tokens)
         relay_tokens = n_tokens if (outcome.pipeline and outcome.pipeline.value != "P->MD"
-                                    and outcome.handoff_k is None) else k
+                                    and outcome.handoff_tokens is None) else handoff_tokens
         self.tokens.labels("relay").inc(relay_tokens)
         self.tokens.labels("main").inc(n_tokens - relay_tokens)
-        if outcome.handoff_k is not None:
+        if outcome.handoff_tokens is not None:
             self.handoffs.labels(outcome.handoff_mode or "unknown").inc()
         for cause in outcome.migrations:
             self.migrations.labels(cause, "completed" if ok else "failed").inc()

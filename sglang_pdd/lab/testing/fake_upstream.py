@@ -193,7 +193,7 @@ class FakeCluster:
 async def router_client(cluster: FakeCluster, pipeline: str = "direct", idle_s: float = 30.0,
                         limits: ModelLimits = ModelLimits(vocab_size=1024, context_len=1 << 16),
                         tokenizer=None, max_body_bytes: int = 64 << 20, migration_limit: int = 0,
-                        signer=None):
+                        signer=None, max_body_bytes_in_flight: int = 256 << 20):
     """A test client on a real router (Dispatcher + RouterApp) in front of `cluster`. Migration is off
     unless asked for: most tests pin what a failure does to the client."""
     tok = tokenizer or CharTokenizer()
@@ -201,6 +201,7 @@ async def router_client(cluster: FakeCluster, pipeline: str = "direct", idle_s: 
                          idle_timeout_s={r: idle_s for r in ("prefill", "relay", "main")},
                          migration_limit=migration_limit, health_check_s=0)
     d = Dispatcher(*cluster.pools(), cfg, decode=lambda ids: tok.decode(ids, skip_special_tokens=True), signer=signer)
-    app = RouterApp(d, tok, "fake", limits=limits, max_body_bytes=max_body_bytes)
+    app = RouterApp(d, tok, "fake", limits=limits, max_body_bytes=max_body_bytes,
+                    max_body_bytes_in_flight=max_body_bytes_in_flight)
     async with TestClient(TestServer(app.app)) as client:
         yield client

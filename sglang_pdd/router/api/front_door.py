@@ -129,14 +129,24 @@ class _Connection(web.RequestHandler):
         super().connection_lost(exc)
 
 
-async def read_body(request: web.Request, door: FrontDoor) -> bytes | web.Response:
+async def read_body(request: web.Request, door: FrontDoor, budget=None) -> bytes | web.Response:
     """The request's whole body, or the error response: 413 over the body limit, 408 when it did not
-    arrive within --body-timeout-s (the connection then closes once the 408 is written)."""
+    arrive within --body-timeout-s (the connection then closes once the 408 is written), 503 when it
+    does not fit the router's budget of body bytes (`body_budget`: taken as the bytes arrive)."""
+    limit = request.client_max_size
+    if request.content_length is not None and request.content_length > limit:
+        return _too_large(limit)
+    parts: list[bytes] = []
+    size = 0
     try:  # not wait_for: on 3.11 it can swallow the handler's cancellation (bpo-42130)
         async with asyncio.timeout(door.cfg.body_timeout_s):
-            return await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        return _json_error(413, f"the body is over the router's limit of {request.client_max_size} bytes")
+            while chunk := await request.content.readany():
+                size += len(chunk)
+                if size > limit:
+                    return _too_large(limit)
+                if budget is not None and not budget.take(request, len(chunk)):
+                    return budget.refusal()
+                parts.append(chunk)
     except TimeoutError:
         door.refuse("body-timeout")
         close_now = getattr(request.protocol, "close_now", None)  # absent under a test server
@@ -145,6 +155,11 @@ async def read_body(request: web.Request, door: FrontDoor) -> bytes | web.Respon
         resp = _json_error(408, f"the body did not arrive within {door.cfg.body_timeout_s:g}s (--body-timeout-s)")
         resp.force_close()
         return resp
+    return b"".join(parts)
+
+
+def _too_large(limit: int) -> web.Response:
+    return _json_error(413, f"the body is over the router's limit of {limit} bytes")
 
 
 def _json_error(status: int, message: str) -> web.Response:
