@@ -2,21 +2,19 @@
 with `--pdd-transfer-poll-ms` (on for PDD roles), wait for each write with sleeps instead of Mooncake's
 spin (sglang_pdd.transfer.write_wait).
 
-The test-only knob `main_write_delay` (test_switches.TestKnobs, `SGLANG_PDD_TEST_KNOBS`) makes every KV write
-on the fan-out's main path sleep first, emulating a slow WAN write; off in production.
+Before each KV write, the process's transfer controls see its path (transfer/controls.py: nothing in
+production; the test-only knob `main_write_delay` sleeps on the fan-out's main path, a slow WAN write).
 """
 
 from __future__ import annotations
 
 import time
 
-from sglang_pdd import test_switches
 from sglang_pdd.server import metrics
 from sglang_pdd.config import PddConfig
 from sglang_pdd.process_state import packed_wan
 from sglang_pdd.process_state.transfer_ledger import LEDGER
-from sglang_pdd.transfer import write_wait
-from sglang_pdd.transfer.lanes import MAIN_PATH
+from sglang_pdd.transfer import controls, write_wait
 
 _UNSET = object()
 _poll_s = _UNSET
@@ -49,9 +47,7 @@ def around_batch_transfer_sync(original, engine, session_id, buffers, peer_addre
 def around_send_kvcache(original, manager, session_id, prefill_pages, dst_ptrs, dst_pages, *a, **kw):
     """One chunk's KV to one decode: packed into MD's landing region when it offered one (see
     process_state/packed_wan.py), else page by page as sglang does."""
-    switches = test_switches.for_process()
-    if switches.on and LEDGER.current_path() == MAIN_PATH:
-        time.sleep(switches.knobs().main_write_delay)
+    controls.for_process().before_kv_write(LEDGER.current_path())
     with LEDGER.kind("kv"):
         ret = packed_wan.send_kvcache(manager, session_id, prefill_pages, dst_pages, **kw)
         if ret is not None:

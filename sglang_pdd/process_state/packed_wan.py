@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import functools
 
-from sglang_pdd import test_switches
 from sglang_pdd.server import metrics
 from sglang_pdd.config import PddConfig
 from sglang_pdd.server.roles import Role
+from sglang_pdd.transfer import controls
 from sglang_pdd.transfer.packed_receiver import PackedReceiver
 from sglang_pdd.transfer.packed_sender import PackedSender
 
@@ -36,10 +36,9 @@ def sender() -> PackedSender:
 
 @functools.lru_cache(maxsize=1)
 def receiver() -> PackedReceiver:
-    c, switches = cfg(), test_switches.for_process()
+    c = cfg()
     return PackedReceiver(c.packed_wan if receiving() else "off", c.packed_wan_mb << 20,
-                          record=_record_main,
-                          skip_unpack=lambda: switches.on and switches.knobs().packed_skip_unpack)
+                          record=_record_main, skip_unpack=controls.for_process().skip_unpack)
 
 
 def _record_main(event: str) -> None:

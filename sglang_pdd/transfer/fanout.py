@@ -107,7 +107,7 @@ class FanoutContext:
     page_size: int
     main_bootstrap_timeout: float
     clock: Callable[[], float] = time.monotonic
-    extra_skip_pages: int = 0  # test only (test_switches.TestKnobs): withhold pages the main needs
+    extra_skip_pages: int = 0  # withhold pages the main needs: a negative control (transfer/controls.py)
 
 
 @dataclass

@@ -15,11 +15,10 @@ state) and `MetadataRows` (P's metadata slots, and the copy of a row that names 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 from sglang_pdd.protocol import request as request_params
 from sglang_pdd.protocol.request_auth import ParamsVerifier
-from sglang_pdd.test_switches import OFF, TestSwitches
 from sglang_pdd.transfer.fanout import FanoutContext, FanoutSender, Poll
 from sglang_pdd.transfer.lanes import FanoutRegistry
 
@@ -103,11 +102,14 @@ class MetadataRows:
 
 
 class FanoutBuilder:
-    def __init__(self, registry: FanoutRegistry, main_bootstrap_timeout: float, switches: TestSwitches = OFF,
-                 verifier: ParamsVerifier | None = None):
+    """`extra_skip_pages`: pages each fan-out withholds from MD beyond its hit, read per request (0; the
+    tests' control gives its knob, transfer/controls.py)."""
+
+    def __init__(self, registry: FanoutRegistry, main_bootstrap_timeout: float,
+                 verifier: ParamsVerifier | None = None, extra_skip_pages: Callable[[], int] = lambda: 0):
         self.registry = registry
         self.main_bootstrap_timeout = main_bootstrap_timeout
-        self.switches = switches
+        self.extra_skip_pages = extra_skip_pages
         self.verifier = verifier  # with the secret: only the router's signed main_room is taken
 
     def main_room(self, req: Any) -> int | None:
@@ -152,7 +154,7 @@ class FanoutBuilder:
         """MD's room as sglang's `KVDestination` (patch 0002); the registry closes it on release."""
         from sglang.srt.disaggregation.common.multi_destination import KVDestination
 
-        if self.switches.knobs().main_extra_skip_pages:
+        if self.extra_skip_pages():
             logger.warning("main_extra_skip_pages is a knob of the hooked fan-out; sglang's sender ignores it")
         self.registry.open(req.bootstrap_room, main_room)
         logger.debug("fanout room %s: main room %s", req.bootstrap_room, main_room)
@@ -176,7 +178,7 @@ class FanoutBuilder:
             rooms=MooncakeRooms(queue.kv_manager, self.registry),
             page_size=queue.scheduler.token_to_kv_pool_allocator.page_size,
             main_bootstrap_timeout=self.main_bootstrap_timeout,
-            extra_skip_pages=self.switches.knobs().main_extra_skip_pages,
+            extra_skip_pages=self.extra_skip_pages(),
         )
         sender = FanoutSender(relay, main, ctx)
         req.disagg_kv_sender = sender

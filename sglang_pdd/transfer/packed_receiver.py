@@ -61,7 +61,7 @@ class PackedReceiver:
         self._generation = 0  # offers made so far: with the room, it draws each offer's block tag
         self._lock = threading.Lock()
         self._record = record
-        self._skip_unpack = skip_unpack  # test only: a negative control (test_switches.TestKnobs)
+        self._skip_unpack = skip_unpack  # a negative control, off but in tests (transfer/controls.py)
 
     def offer(self, manager: Any, room: int, pages: np.ndarray) -> bytes | None:
         if self.arena is None or len(pages) == 0:
