@@ -9,7 +9,8 @@ alone proves it longer than the model's context is refused before it is tokenize
 
 The work waiting for those threads is bounded (`max_queue`, --tokenizer-queue): past it a request is
 refused at once (`Busy`: the router answers 503 with Retry-After) instead of queueing without end. A
-job whose client went away before a thread took it is dropped from the queue.
+job whose client went away before a thread took it is dropped from the queue; one a thread runs stops
+at its next stage (after parsing, before the template, before tokenizing: `Abandoned`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ def _refuse_constant(name: str):
     raise BadRequest(f"the body is not valid JSON: {name} is not a number JSON allows")
 
 
+class Abandoned(Exception):
+    """The job's client went away: the worker stops before its next stage (nobody reads the result)."""
+
+
 class Busy(RuntimeError):
     """Every tokenizer thread is busy and the queue is full: the router answers 503 with Retry-After."""
 
@@ -41,6 +46,26 @@ class Prepared:
     ids: list[int]
     sampling_params: dict
     chat: tuple | None = None  # sglang's (GenerateReqInput, ChatCompletionRequest): `router.api.openai.sglang_server`
+
+
+# The body's fields a chat template renders into the prompt: their text counts against the context.
+PROMPT_FIELDS = ("messages", "tools", "chat_template_kwargs", "prompt")
+
+
+def text_chars(value) -> int:
+    """The characters of every string in a parsed JSON value (keys included), at any depth: iterative,
+    so a deeply nested value costs no recursion."""
+    n, stack = 0, [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            n += len(v)
+        elif isinstance(v, dict):
+            n += sum(len(k) for k in v if isinstance(k, str))
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return n
 
 
 def longest_token_chars(tokenizer) -> int | None:
@@ -81,13 +106,18 @@ class Preparer:
                 raise Busy(f"the router's tokenizer queue is full ({self.capacity} requests being parsed "
                            "or waiting; --tokenizer-queue); retry later")
             self._pending += 1
+        left = threading.Event()
         try:
-            job = self._pool.submit(self.prepare, kind, raw)
+            job = self._pool.submit(self._run_job, kind, raw, left)
         except RuntimeError:  # shut down
             self._job_done(None)
             raise
         job.add_done_callback(self._job_done)  # also when cancelled before it ran (its waiter went away)
-        return await asyncio.wrap_future(job)
+        try:
+            return await asyncio.wrap_future(job)
+        except asyncio.CancelledError:
+            left.set()  # a job a thread already runs stops at its next stage
+            raise
 
     def _job_done(self, _job) -> None:
         with self._pending_lock:
@@ -102,6 +132,19 @@ class Preparer:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # -- in the worker thread ----------------------------------------------------------------
+    def _run_job(self, kind: str, raw: bytes, left: threading.Event) -> Prepared:
+        self._local.left = left
+        try:
+            return self.prepare(kind, raw)
+        finally:
+            self._local.left = None
+
+    def _stage(self) -> None:
+        """Between two stages of a job: stop if its client went away."""
+        left = getattr(self._local, "left", None)
+        if left is not None and left.is_set():
+            raise Abandoned
+
     def prepare(self, kind: str, raw: bytes) -> Prepared:
         try:
             body = json.loads(raw, parse_constant=_refuse_constant)
@@ -110,6 +153,7 @@ class Preparer:
                              + (" (nested too deeply)" if isinstance(e, RecursionError) else "")) from None
         if not isinstance(body, dict):
             raise BadRequest("the body must be a JSON object")
+        self._stage()
         sglang_chat = kind == "chat" and self.openai is not None
         check_not_yet(body, lifted=openai_sglang.LIFTED if sglang_chat else ())
         if kind == "generate":
@@ -139,10 +183,12 @@ class Preparer:
         """A chat request converted by sglang's own OpenAI layer (template, tools, constraints), its
         sampling parameters then checked as any request's."""
         self._check_messages(body)
+        self._stage()
         chat = getattr(self._local, "chat", None)
         if chat is None:
             chat = self._local.chat = self.openai.chat_for_thread()
         adapted, request = openai_sglang.convert(chat, body)
+        self._stage()
         sp = {k: v for k, v in adapted.sampling_params.items() if v is not None}
         if sp.get("max_new_tokens") is None:
             sp["max_new_tokens"] = self.default_max_tokens
@@ -152,26 +198,29 @@ class Preparer:
         return Prepared(body, ids, sp, chat=(adapted, request))
 
     def _check_messages(self, body: dict) -> None:
-        """The chat messages' text contents, bounded before any template renders them."""
-        msgs = body.get("messages")
-        if isinstance(msgs, list):
-            self._check_text("".join(m["content"] for m in msgs if isinstance(m, dict) and isinstance(
-                m.get("content"), str)))
+        """Every text a chat template may render, bounded before it renders any: the messages (string
+        contents, list-form content parts, names, tool calls), `tools`, `chat_template_kwargs`."""
+        self._check_chars(sum(text_chars(body.get(k)) for k in PROMPT_FIELDS))
 
     def _check_text(self, text: str) -> None:
-        if self.max_text_chars is not None and len(text) > self.max_text_chars:
-            raise BadRequest(f"the prompt ({len(text)} characters) is longer than the model's context length "
+        self._check_chars(len(text))
+
+    def _check_chars(self, n: int) -> None:
+        if self.max_text_chars is not None and n > self.max_text_chars:
+            raise BadRequest(f"the prompt ({n} characters) is longer than the model's context length "
                              f"({self.limits.context_len} tokens)")
 
     def _encode(self, text: str) -> list[int]:
         self._check_text(text)
+        self._stage()
         return self.tok.encode(text, add_special_tokens=False)
 
     def _openai_prompt(self, body: dict, chat: bool) -> list[int]:
         if chat:
             self._check_messages(body)
-        elif isinstance(body.get("prompt"), str):
-            self._check_text(body["prompt"])
+        else:
+            self._check_chars(text_chars(body.get("prompt")))
+        self._stage()
         try:
             return oa.prompt_ids(self.tok, body, chat)
         except BadRequest:
