@@ -3,8 +3,10 @@
 Two environment variables (named in `config`) switch them on, read once per process by `from_env`:
 `SGLANG_PDD_TEST_KNOBS` names a JSON file of `TestKnobs`, which `knobs()` re-reads at each use so that a
 test can change them while the server runs (tests/e2e/cluster.py, `PDDServers.set_knobs`), and
-`SGLANG_PDD_TESTING=1`, without which `drop_eager_kv` is ignored. The hooks build the process's one
-instance (`for_process`) and pass it to the constructors that use it; docs/testing.md lists the knobs.
+`SGLANG_PDD_TESTING=1`, without which `drop_eager_kv` is ignored. Only the control modules
+(decode/relay/controls.py, decode/main/controls.py, transfer/controls.py) import this one: they read
+the process's instance (`for_process`) once, when their role starts, and give the serving code its
+controlled classes or seams; docs/testing.md lists the knobs.
 """
 
 from __future__ import annotations
