@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from contextlib import aclosing
 from typing import AsyncIterator, Callable
 
 from sglang_pdd.policy.pipeline import NO_MAIN, Pipeline, PipelinePolicy, RouteInputs
@@ -56,7 +57,7 @@ class Dispatcher:
         # MD's cache: exact from its KV events where given (peer URL -> source), else approximate
         self.placement = Placement(prefill, relay, main, policy, kv_events)
         self.views, self.kv_subscribers = self.placement.views, self.placement.kv_subscribers
-        polls = Polls(cfg.health_check_s, cfg.bandwidth_poll_s, cfg.load_poll_s)
+        polls = Polls(cfg.health_check_s, cfg.bandwidth_poll_s, cfg.load_poll_s, cfg.role_lock_s)
         self.services = PeerServices((prefill, relay, main), polls, policy.links if policy is not None else None,
                                      self.kv_subscribers)
         self.copies = RoleCopies(cfg, lambda: self.services.session)
@@ -115,8 +116,12 @@ class Dispatcher:
         watch = StopWatch(sampling_params.get("stop"), self.decode)  # a stop string across a migration
         while a is not None:
             try:
-                async for d in self._attempt(a, input_ids, sampling_params, extra, outcome, stitcher, lp, watch):
-                    yield d
+                # aclosing: the client's aclose() runs the attempt's clean-up (every role's abort) at once,
+                # not when the collector finds the abandoned generator
+                async with aclosing(self._attempt(a, input_ids, sampling_params, extra, outcome, stitcher, lp,
+                                                  watch)) as attempt:
+                    async for d in attempt:
+                        yield d
                 return
             except RoleFailure as f:
                 a = self._migrate(f, a, input_ids, sampling_params, outcome, stitcher, lp, mode=pipeline)
@@ -195,8 +200,9 @@ class Dispatcher:
             feed_relay, feed_main = resumed_feeds.feeds(stitcher, len(a.prefix), a.pipeline is Pipeline.P_RLD_MD, watch)
         try:
             if rld is not None:
-                async for d in self._drain("relay", queues["relay"], feed_relay, lp, a, rld):
-                    yield d
+                async with aclosing(self._drain("relay", queues["relay"], feed_relay, lp, a, rld)) as deltas:
+                    async for d in deltas:
+                        yield d
                 if stitcher.done:  # the relay finished the request itself (or the router ended it there)
                     del lp[len(stitcher.ids):]
                     outcome.output_logprobs = lp or None
@@ -207,10 +213,11 @@ class Dispatcher:
                                             [queues["main"]])
                         self.placement.landed(md, input_ids)  # MD gets the prompt, not RLD's output
                     return
-                if outcome.handoff_k is None:  # the first handoff (a migrated P->RLD->MD copy has its own)
-                    outcome.handoff_k, outcome.handoff_mode = stitcher.handoff_k, stitcher.handoff_mode
-            async for d in self._drain("main", queues["main"], feed_main, lp, a, md):
-                yield d
+                if outcome.handoff_tokens is None:  # the first handoff (a migrated P->RLD->MD copy has its own)
+                    outcome.handoff_tokens, outcome.handoff_mode = stitcher.handoff_tokens, stitcher.handoff_mode
+            async with aclosing(self._drain("main", queues["main"], feed_main, lp, a, md)) as deltas:
+                async for d in deltas:
+                    yield d
             del lp[len(stitcher.ids):]  # a stop the router found may end a chunk early (stop_watch)
             outcome.output_logprobs = lp or None
             self.placement.landed(md, list(input_ids) + stitcher.ids)

@@ -30,7 +30,7 @@ def test_a_16k_token_output_with_logprobs_passes(stream, pipeline):
             "sampling_params": {"max_new_tokens": n}}
 
     async def go():
-        async with fu.FakeCluster(relay=fu.FakeRole("relay", handoff_k=4096, every=4096),
+        async with fu.FakeCluster(relay=fu.FakeRole("relay", handoff_tokens=4096, every=4096),
                                   main=fu.FakeRole("main", every=4096)) as cl:
             return await _post(cl, body, pipeline=pipeline)
 
@@ -311,3 +311,32 @@ def test_a_requests_own_idle_allowance():
     assert extra_tokens({"stream_interval": 4, "stop": ["ab", "€"]}) == 3 + 3  # "€" is 3 UTF-8 bytes
     assert extra_tokens({"stop": "xyz"}) == 3 and extra_tokens({"stream_interval": True}) == 0
     assert extra_tokens({}) == 0 and allowance_s(0.5, {"stream_interval": 9}) == 4.0
+
+
+def test_closing_the_stream_aborts_every_role_before_aclose_returns():
+    """`stream.aclose()` (the handler's finally when its client left) closes the attempt inside it at
+    once: every role's copy is aborted when aclose returns, with the garbage collector off (issue 47:
+    the inner attempt generator was left to the collector, and the aborts came when it ran)."""
+    import gc
+
+    from sglang_pdd.router.request.dispatch import DispatchConfig, Dispatcher, Outcome
+
+    async def go():
+        async with fu.FakeCluster() as cl:
+            cl.relay.behaviour, cl.main.behaviour = slow_stream(), fu.hang()
+            d = Dispatcher(*cl.pools(), DispatchConfig("relay", bandwidth_poll_s=0, load_poll_s=0), decode=lambda ids: "")
+            await d.start()
+            try:
+                stream = d.generate([5, 6], {"max_new_tokens": 9000}, {}, Outcome())
+                await stream.__anext__()
+                await stream.aclose()
+                return [len(r.aborts) for r in (cl.prefill, cl.relay, cl.main)]
+            finally:
+                await d.close()
+
+    gc.disable()
+    try:
+        aborts = run(go())
+    finally:
+        gc.enable()
+    assert aborts == [1, 1, 1]
