@@ -50,6 +50,7 @@ class Prepared:
 
 # The body's fields a chat template renders into the prompt: their text counts against the context.
 PROMPT_FIELDS = ("messages", "tools", "chat_template_kwargs", "prompt")
+MAX_TOOLS = 128  # tools per request (OpenAI's bound): each is rendered, and compiled into a structural tag
 
 
 def text_chars(value) -> int:
@@ -199,7 +200,16 @@ class Preparer:
 
     def _check_messages(self, body: dict) -> None:
         """Every text a chat template may render, bounded before it renders any: the messages (string
-        contents, list-form content parts, names, tool calls), `tools`, `chat_template_kwargs`."""
+        contents, list-form content parts, names, tool calls), `tools`, `chat_template_kwargs`; and
+        the lists it walks: a message renders at least one token, so no more messages than the
+        context holds; at most MAX_TOOLS tools (OpenAI's bound)."""
+        msgs, tools = body.get("messages"), body.get("tools")
+        ctx = self.limits.context_len
+        if isinstance(msgs, list) and ctx is not None and len(msgs) > ctx:
+            raise BadRequest(f"messages: {len(msgs)} messages are more than the model's context length "
+                             f"({ctx} tokens) can hold")
+        if isinstance(tools, list) and len(tools) > MAX_TOOLS:
+            raise BadRequest(f"tools: at most {MAX_TOOLS} tools, got {len(tools)}")
         self._check_chars(sum(text_chars(body.get(k)) for k in PROMPT_FIELDS))
 
     def _check_text(self, text: str) -> None:

@@ -151,3 +151,13 @@ def test_a_job_whose_client_left_stops_before_tokenizing():
 
 def test_abandoned_is_not_a_client_error():
     assert not issubclass(Abandoned, BadRequest)
+
+
+@pytest.mark.parametrize("body, match", [
+    ({"messages": [{"role": "user", "content": ""}] * 65}, "65 messages are more than the model's context length"),
+    ({"messages": [{"role": "user", "content": "hi"}],
+      "tools": [{"type": "function", "function": {"name": "f"}}] * 129}, "tools: at most 128 tools, got 129"),
+])
+def test_list_shaped_chat_fields_are_capped(body, match):
+    with pytest.raises(BadRequest, match=match):
+        _preparer(openai=NoLayer()).prepare("chat", json.dumps(body).encode())
