@@ -11,19 +11,23 @@ goes P->RLD->MD.
 
 Text is decoded here from the stitched token IDs (not taken from either server), so a multi-byte
 character whose bytes straddle the handoff comes out whole: text that ends in an incomplete
-character is held back until the next token completes it, or until the end. Decoding is incremental,
-with the offsets of sglang's detokenizer (`IncrementalText`): each chunk decodes a window of the last
-tokens, not the whole output (that was O(n^2) router CPU per request).
+character is held back until the next token completes it, or until the end (bytes that never complete
+one: for a few tokens). Decoding is incremental, with the offsets of sglang's detokenizer
+(`IncrementalText`): each chunk decodes a window of the last tokens, not the whole output (that was
+O(n^2) router CPU per request).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Callable
 
 from sglang_pdd.protocol.handoff_finish import HandoffFinish
 
 REPLACEMENT = "\ufffd"
+HOLD_TOKENS = 8  # uncommitted tokens whose text still ends in U+FFFD before the window is cut
+TAIL_TOKENS = 3  # tokens a cut leaves uncommitted: the most an incomplete UTF-8 character can span
 
 
 class StitchError(RuntimeError):
@@ -43,24 +47,50 @@ class IncrementalText:
     `read` on is decode(ids[surr:]) minus decode(ids[surr:read]), the tokens before `read` serving
     as context (a tokenizer may decode a token differently at the start of a sequence). The offsets
     move on only once the new text is complete; until then its complete prefix is sent and
-    remembered (`pending`), so nothing is sent twice."""
+    remembered (`pending`), so nothing is sent twice.
+
+    Bounded where sglang is not: sglang holds the offsets for as long as the text ends in U+FFFD, so
+    a stream of bytes that never complete a character (lone continuation bytes) re-decodes the whole
+    output at every step. Here, once `HOLD_TOKENS` uncommitted tokens still end in U+FFFD, the window
+    is cut `TAIL_TOKENS` before its end (`_cut`): the text up to the cut that the whole window's text
+    begins with is committed, replacement characters and all. An incomplete character has at most 3
+    bytes and a token at least one, so the bytes a later token could still complete lie after the cut,
+    and a character the cut splits (complete in the window) is left uncommitted (`held`): valid UTF-8
+    comes out exactly as decode(all ids)."""
 
     decode: Callable[[list[int]], str]
     surr: int = 0
     read: int = 0
+    held: str = ""  # the end of decode(ids[surr:read]) not committed: a character a cut split
     pending: str = ""  # sent, not committed: the complete prefix of the uncommitted window's text
 
     def push(self, ids: list[int], final: bool) -> str:
         surr_text = self.decode(ids[self.surr:self.read])
-        new = self.decode(ids[self.surr:])[len(surr_text):]
+        if not surr_text.endswith(self.held):
+            raise StitchError("the held text of a cut is not where it was")
+        start = len(surr_text) - len(self.held)
+        new = self.decode(ids[self.surr:])[start:]
         if not new.startswith(self.pending):
             raise StitchError("decoded text is not an extension of what was sent")
-        out = new[len(self.pending):]
         if final or (new and not new.endswith(REPLACEMENT)):
-            self.surr, self.read, self.pending = self.read, len(ids), ""
+            out = new[len(self.pending):]
+            self.surr, self.read, self.held, self.pending = self.read, len(ids), "", ""
             return out
-        out = out.rstrip(REPLACEMENT)  # an incomplete character: wait for the rest of its bytes
+        if len(ids) - self.read >= HOLD_TOKENS:
+            return self._cut(ids, start, new)
+        out = new[len(self.pending):].rstrip(REPLACEMENT)  # an incomplete character: wait for its bytes
         self.pending += out
+        return out
+
+    def _cut(self, ids: list[int], start: int, new: str) -> str:
+        """Commit the window up to its last `TAIL_TOKENS` tokens (of the text up to there, what the
+        window's text begins with); send that and the complete prefix of the rest."""
+        cut = len(ids) - TAIL_TOKENS
+        text = self.decode(ids[self.surr:cut])[start:]
+        common = len(os.path.commonprefix([text, new]))
+        sent = max(common, len(new.rstrip(REPLACEMENT)))  # >= len(pending): it ends in a complete character
+        out = new[len(self.pending):sent]
+        self.surr, self.read, self.held, self.pending = self.read, cut, text[common:], new[common:sent]
         return out
 
 
