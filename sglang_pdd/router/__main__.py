@@ -121,9 +121,11 @@ def _signer(has_relays: bool) -> ParamsSigner | None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        role_auth.export(args.role_api_key)  # the dispatcher's session sends it to every role
+        role_key = role_auth.export(args.role_api_key)  # the dispatcher's session sends it to every role
     except ValueError as e:
         raise SystemExit(f"sglang-pdd router: error: {e}") from None
+    if role_key is None and not args.insecure_roles:
+        raise SystemExit(f"sglang-pdd router: error: no role key: {role_auth.MISSING}")
     logging.basicConfig(level=args.log_level.upper(), format="[%(asctime)s] %(name)s: %(message)s")
     door, api_keys = _front_door(args)
     from transformers import AutoTokenizer
@@ -169,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
                                                              idle_per_token_s=args.idle_per_token_s,
                                                              migration_rate_per_s=args.migration_rate,
                                                              migration_burst=args.migration_burst,
-                                                             migration_jitter_s=args.migration_jitter_s),
+                                                             migration_jitter_s=args.migration_jitter_s,
+                                                             role_lock_s=0.0 if args.insecure_roles else 2.0),
                        decode=lambda ids: tok.decode(ids, skip_special_tokens=True), policy=policy,
                        kv_events=kv_events, signer=_signer(bool(relay.peers)))
     except ValueError as e:

@@ -181,7 +181,16 @@ def build_parser(description: str = "the PDD router") -> argparse.ArgumentParser
     ap.add_argument(role_auth.FLAG, default=None, metavar="KEY",
                     help=f"the key the roles were started with (sglang's --api-key): the router sends it to P, RLD "
                          f"and MD on every call. Prefer {role_auth.ENV_KEY} or {role_auth.ENV_KEY_FILE} (a command "
-                         "line is visible to `ps`) (default: none: the roles' API is open)")
+                         "line is visible to `ps`) (default: none; the router then refuses to start unless "
+                         "--insecure-roles)")
+    ap.add_argument("--insecure-roles", action="store_true",
+                    help="call roles whose API is open: start without a role key, and serve through a role that "
+                         "answers without one. Without it the router refuses to start with no role key, and with "
+                         "one it asks every role (at start-up, then every 2 s until it asks for the key, every "
+                         "60 s after) for GET /model_info without the key: a role that answers is refused service "
+                         "(no request goes to it; /ready says so) until it asks for the key (docs/faults.md, "
+                         "\"Who may talk to a role\"). For a test or a private network only: anyone who "
+                         "reaches an open role's port can abort every request, flush its cache or load other weights")
     _front_door_flags(ap)
     return ap
 

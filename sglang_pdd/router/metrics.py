@@ -53,7 +53,8 @@ class RouterMetrics:
                                "(the larger of its in-flight count here and its own running + queued gauges)",
                                ("role", "peer"), registry=self.registry)
         self.peer_out = Gauge("sglang_pdd_router_peer_out_of_service", "1 while the router keeps a server out of "
-                              "service (ejected after failures, until a probe generate succeeds), else 0",
+                              "service (ejected after failures, until a probe generate succeeds; or refused: it "
+                              "answers without the role key), else 0",
                               ("role", "peer"), registry=self.registry)
         self.peer_in_flight = Gauge("sglang_pdd_router_peer_in_flight", "This router's requests on each server",
                                     ("role", "peer"), registry=self.registry)

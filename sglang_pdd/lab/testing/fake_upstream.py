@@ -70,15 +70,41 @@ class FakeRole:
     running: float = 0.0  # main: requests running on it as its /metrics would say (other routers' load)
     bodies: list[dict] = field(default_factory=list)
     aborts: list[str] = field(default_factory=list)
+    # sglang's --api-key (None: open): without `Authorization: Bearer KEY` every call but /health*, /ready*
+    # and /metrics* is a 401, by sglang's own rule. A test may change it while the role runs.
+    api_key: str | None = None
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=1 << 30)
+        if self.api_key is not None:
+            self._auth()  # sglang's import takes seconds: not while a request waits (or a router's timeout runs)
+        app = web.Application(client_max_size=1 << 30, middlewares=[self._key_check])
         app.add_routes([web.post("/generate", self.generate), web.post("/abort_request", self.abort),
-                        web.get("/health", self.health)])
+                        web.get("/health", self.health), web.get("/model_info", self.model_info)])
         return app
+
+    @web.middleware
+    async def _key_check(self, request, handler):
+        if self.api_key is None:
+            return await handler(request)
+        AuthLevel, decide_request_auth = self._auth()
+        level = AuthLevel.ADMIN_OPTIONAL if request.path == "/abort_request" else AuthLevel.NORMAL
+        if not decide_request_auth(method=request.method, path=request.path, api_key=self.api_key,
+                                   authorization_header=request.headers.get("Authorization"),
+                                   admin_api_key=None, auth_level=level).allowed:
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    @staticmethod
+    def _auth():
+        from sglang.srt.utils.auth import AuthLevel, decide_request_auth
+
+        return AuthLevel, decide_request_auth
 
     async def health(self, _request):
         return web.Response(text="ok")
+
+    async def model_info(self, _request):
+        return web.json_response({"model_path": "fake", "is_generation": True})
 
     async def abort(self, request):
         self.aborts.append((await request.json()).get("rid"))

@@ -123,7 +123,8 @@ class PddRouterConfig:
     pipeline: str = "relay"
     extra: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)  # e.g. SGLANG_PDD_SECRET: it signs P's and MD's parameters
-    role_api_key: str | None = None  # the roles' --api-key, given as SGLANG_PDD_ROLE_API_KEY
+    role_api_key: str | None = None  # the roles' --api-key, given as SGLANG_PDD_ROLE_API_KEY (None: the roles
+    # are open, so the router is started with --insecure-roles, which the router refuses to start without)
 
     @property
     def url(self) -> str:
@@ -138,6 +139,8 @@ class PddRouterConfig:
             a += ["--relay", url, str(tport)]
         for url in self.main:
             a += ["--main", url]
+        if self.role_api_key is None:
+            a.append("--insecure-roles")
         return a + list(self.extra)
 
     def environ(self) -> dict[str, str]:

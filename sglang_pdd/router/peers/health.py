@@ -13,6 +13,9 @@ the back-off (up to `max_backoff_s`), and only `recover_after` real requests ser
 probation and reset the back-off. A request it serves while out (every peer of its role was out)
 takes it back too.
 
+A peer refused service (`refused`: `peers.role_lock` found it answering without the role key) is out
+whatever its health, and no fallback sends it a request (`PeerPool.healthy`).
+
 `progress` counts the answers the peer gave on any request (each stream chunk, P's reply): the
 dispatcher blames an idle deadline on the peer only when it gave none on any request meanwhile.
 """
@@ -44,12 +47,14 @@ class PeerHealth:
     probation: bool = False  # ejected before and not yet recovered: one failure takes it out again
     served: int = 0  # real requests served in a row (a probation ends at recover_after)
     progress: int = 0  # answers given on any request (chunks, replies)
+    refused: str = ""  # why the router refuses it service whatever its health ("": it does not)
     _backoff: float = field(init=False, default=0.0)
 
     @property
     def out(self) -> bool:
-        """Ejected and not back: its back-off is not over, or (with a health checker) no probe was served yet."""
-        return self.out_until is not None and (self.checked or self.now() < self.out_until)
+        """Refused service, or ejected and not back: its back-off is not over, or (with a health
+        checker) no probe was served yet."""
+        return bool(self.refused) or (self.out_until is not None and (self.checked or self.now() < self.out_until))
 
     @property
     def due(self) -> bool:

@@ -1,7 +1,8 @@
 """The router's view of its peers: which P, RLD and MD servers exist, how loaded each is, and which
 one gets a request (`policy.peer_choice` scores them).
 
-A peer out of service (`peers.health`) is skipped while another of its role is in service."""
+A peer out of service (`peers.health`) is skipped while another of its role is in service; a peer
+refused service (`peers.role_lock`) is skipped always."""
 
 from __future__ import annotations
 
@@ -51,8 +52,10 @@ class PeerPool:
         return bool(self.peers)
 
     def healthy(self) -> list[Peer]:
-        """The peers in service (all of them when none is: a request then still gets a try)."""
-        return [p for p in self.peers if not p.health.out] or list(self.peers)
+        """The peers in service (all of them when none is: a request then still gets a try), never one
+        refused service (none at all when every peer is)."""
+        usable = [p for p in self.peers if not p.health.refused]
+        return [p for p in usable if not p.health.out] or usable
 
     def out(self) -> list[Peer]:
         return [p for p in self.peers if p.health.out]

@@ -5,7 +5,10 @@ out, an RLD in service to serve it alone: under `--pipeline auto` or `relay` a n
 once while no MD is in service (`policy.pipeline.NO_MAIN`), and a request whose MD fails is migrated to
 P->RLD (`migration.rules.decide`), which needs `--migration-limit` 1 or more (the only way under `direct`). A WAN cut
 takes every MD of a one-site example out; the router stays ready on P->RLD alone, and its streams in
-flight go on. Liveness (`GET /live`) depends on no peer at all: the process serves.
+flight go on. A peer refused service (`peers.role_lock`: it answers without the role key) is out; a
+role whose every peer is refused leaves the router not ready, whatever else is in service: no request
+goes to such a role, and its operator has a deployment to fix. Liveness (`GET /live`) depends on no
+peer at all: the process serves.
 """
 
 from __future__ import annotations
@@ -49,7 +52,12 @@ def readiness(prefill: PeerPool, relay: PeerPool, main: PeerPool, migration_limi
     if p and rld and (md or alone):  # odd traffic with MD in service; the fallback without
         open_.append(Pipeline.P_RLD.value)
     missing = ""
-    if not p:
+    refused = [pool.role for pool in (prefill, relay, main) if pool and all(x.health.refused for x in pool.peers)]
+    if refused:
+        open_ = []
+        missing = (f"every {' and every '.join(refused)} server is refused service: it answers its API without "
+                   "the role key (start it with --api-key, or the router with --insecure-roles)")
+    elif not p:
         missing = "no prefill server in service"
     elif not md and not rld:
         missing = "no main server in service, and no relay in service to serve alone"

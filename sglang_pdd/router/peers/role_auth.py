@@ -7,6 +7,9 @@ gets 401 from `/generate`, `/abort_request` and the rest of sglang's API; `/heal
 key in `SGLANG_PDD_ROLE_API_KEY`, or the file `SGLANG_PDD_ROLE_API_KEY_FILE` names (a mounted
 Secret), or `--role-api-key` (which `ps` shows: prefer the environment); its one HTTP session sends
 it on every call (requests, aborts, health checks, the load and bandwidth polls).
+
+A router without a key refuses to start unless `--insecure-roles` says the roles are meant to be open
+(`router.__main__`); with one, it refuses service to a role that answers without it (`role_lock`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,10 @@ from sglang_pdd.protocol.env_secret import env_or_file
 ENV_KEY = "SGLANG_PDD_ROLE_API_KEY"
 ENV_KEY_FILE = ENV_KEY + "_FILE"
 FLAG = "--role-api-key"
+MISSING = (f"the roles' API (abort every request, flush the cache, load other weights) would be open to whoever "
+           f"reaches their ports. Start every role with sglang's --api-key KEY and give the router the same key "
+           f"in {ENV_KEY} (or the file {ENV_KEY_FILE} names), or pass --insecure-roles to call open roles "
+           "(a test, or a network only the router reaches)")
 
 
 def load(environ: dict | None = None) -> str | None:

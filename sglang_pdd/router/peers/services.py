@@ -1,6 +1,7 @@
 """The router's standing work on its peers: one HTTP session (every call carries the router's role
-key), the health checker that brings ejected peers back, the WAN bandwidth feed from P's completed
-transfers, each peer's load from its /metrics, and MD's KV-event subscribers."""
+key), the check that every role asks for that key (`role_lock`, where a key is configured), the
+health checker that brings ejected peers back, the WAN bandwidth feed from P's completed transfers,
+each peer's load from its /metrics, and MD's KV-event subscribers."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from sglang_pdd.router.peers import load_feed, role_auth
 from sglang_pdd.router.peers.bandwidth_feed import TransferRateFeed
 from sglang_pdd.router.peers.health import HealthChecker
 from sglang_pdd.router.peers.pool import PeerPool
+from sglang_pdd.router.peers.role_lock import RoleLock
 
 
 @dataclass
@@ -23,6 +25,7 @@ class Polls:
     health_check_s: float = 2.0
     bandwidth_poll_s: float = 2.0
     load_poll_s: float = 1.0
+    role_lock_s: float = 2.0  # with a role key: ask a peer not known to be locked whether it is (0: never)
 
 
 class PeerServices:
@@ -32,10 +35,15 @@ class PeerServices:
         self.prefill, self.relay, self.main = pools
         self.polls, self.links, self.kv_subscribers = polls, links, kv_subscribers
         self.session: aiohttp.ClientSession | None = None
+        self.role_lock: RoleLock | None = None
         self._tasks: list[asyncio.Task] = []
 
     async def start(self) -> None:
-        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), headers=role_auth.headers())
+        headers = role_auth.headers()
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), headers=headers)
+        if headers and self.polls.role_lock_s > 0:  # before the first request: the roles up now are known
+            self.role_lock = RoleLock((self.prefill, self.relay, self.main), self.polls.role_lock_s)
+            await self.role_lock.start()
         for sub in self.kv_subscribers:
             sub.start()
         if self.polls.health_check_s > 0:
@@ -52,6 +60,8 @@ class PeerServices:
 
     async def close(self) -> None:
         await asyncio.gather(*(sub.close() for sub in self.kv_subscribers))
+        if self.role_lock is not None:
+            await self.role_lock.close()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -13,6 +13,7 @@ class DispatchConfig:
     load_poll_s: float = 1.0  # read every peer's load gauges this often (0: never; in-flight counts only)
     migration_limit: int = 1  # migrations per request after a role's failure (0: none)
     health_check_s: float = 2.0  # look at ejected peers this often: /health, then a probe generate (0: never)
+    role_lock_s: float = 2.0  # with a role key: ask peers not known to be locked this often (0: never; peers.role_lock)
     # Longest wait for a role's next chunk (P: for its one reply). MD's first chunk comes only after
     # its KV landed and it took over from RLD, so its deadline must outlast the handoff timeout.
     idle_timeout_s: dict[str, float] = field(default_factory=lambda: {"prefill": 600.0, "relay": 120.0,

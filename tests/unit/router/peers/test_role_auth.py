@@ -1,6 +1,6 @@
 """The router calls its roles with their key: every call the dispatcher's session makes (P's, RLD's and
 MD's /generate, /abort_request, the load poll's /metrics, the health checker's /health) carries
-`Authorization: Bearer KEY`, checked by sglang's own rule (`decide_request_auth`) in fake roles on real
+`Authorization: Bearer KEY` (the role-lock check alone asks without it: test_role_lock.py), checked by sglang's own rule (`decide_request_auth`) in fake roles on real
 aiohttp servers; without the key the roles refuse the router (the control). The key's configuration:
 environment or file, the flag, their conflicts."""
 
@@ -11,7 +11,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from sglang_pdd.lab.testing import fake_upstream as fu
-from sglang_pdd.router.peers import role_auth
+from sglang_pdd.router.peers import role_auth, role_lock
 from sglang_pdd.router.api.admission import ModelLimits
 from sglang_pdd.router.app import RouterApp
 from sglang_pdd.router.request.dispatch import DispatchConfig, Dispatcher
@@ -82,7 +82,10 @@ def test_every_call_of_the_router_to_a_role_carries_the_key(monkeypatch):
     statuses, cl = asyncio.run(asyncio.wait_for(_session_calls(), 60))
     assert statuses == [200, 502]
     for r in (cl.prefill, cl.relay, cl.main):
-        assert r.calls and {a for _, a in r.calls} == {f"Bearer {KEY}"}, (r.role, r.calls)
+        # the one call without it: the router's check that the role asks for it (peers.role_lock), at start
+        assert [a for p, a in r.calls if p == role_lock.PATH] == [None], (r.role, r.calls)
+        calls = [a for p, a in r.calls if p != role_lock.PATH]
+        assert calls and set(calls) == {f"Bearer {KEY}"}, (r.role, r.calls)
     assert {p for p, _ in cl.prefill.calls + cl.main.calls} >= {"/generate", "/abort_request", "/metrics"}
     assert cl.main.aborts and cl.prefill.aborts  # the aborts passed the roles' check
 
