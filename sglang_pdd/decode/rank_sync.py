@@ -52,10 +52,10 @@ class Abort:
 
 @dataclass(frozen=True)
 class Finish:
-    """RLD ended a request with the handoff finish after k eager tokens."""
+    """RLD ended a request with the handoff finish after `handoff_tokens` eager tokens."""
 
     rid: str
-    k: int
+    handoff_tokens: int
     mode: str
 
 

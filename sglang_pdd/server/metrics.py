@@ -87,10 +87,10 @@ def set_lane_queued(path: str, peer: str, nbytes: int) -> None:
         path, peer).set(nbytes)
 
 
-def record_handoff(role: str, k: int) -> None:
-    """One one-shot handoff of k eager tokens (counted on the relay and on the main side)."""
+def record_handoff(role: str, handoff_tokens: int) -> None:
+    """One handoff of `handoff_tokens` eager tokens (counted on the relay and on the main side)."""
     _counter("handoffs", "Extend-decode handoffs", ("role",)).labels(role).inc()
-    _counter("handoff_tokens", "Eager tokens handed over", ("role",)).labels(role).inc(k)
+    _counter("handoff_tokens", "Eager tokens handed over", ("role",)).labels(role).inc(handoff_tokens)
 
 
 def record_extend_batch(size: int) -> None:

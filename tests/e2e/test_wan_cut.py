@@ -114,7 +114,7 @@ def test_the_router_stays_ready_and_serves_through_a_wan_cut(dep, prompts):
             moved.notify_all()
 
     def past_md_start() -> bool:  # MD has streamed 4 tokens of it (P->MD, or past a handoff)
-        return len(rec.output_ids) >= (rec.handoff_k or 0) + 4
+        return len(rec.output_ids) >= (rec.handoff_tokens or 0) + 4
 
     with ProbeLog(dep) as probes:
         stream = threading.Thread(target=lambda: (a.enter(), request(url, rec, 300.0, on_chunk)), daemon=True)

@@ -79,6 +79,11 @@ class Pending:
     chosen: str = ""  # the mode the relay chose
     drop_eager_kv: bool = False  # test-only negative control (test_switches.TestKnobs)
 
+    @property
+    def handoff_tokens(self) -> int:
+        """The eager tokens MD takes over once `tokens` are computed: the catch-up chunks' and these."""
+        return self.have + len(self.tokens or ())
+
 
 @dataclass
 class Abort:
@@ -257,7 +262,7 @@ class MainHandoff:
             out.append(p)
             self._forget(key)
             self.stats.handoffs += 1
-            self.stats.handoff_tokens += p.have + len(p.tokens)
+            self.stats.handoff_tokens += p.handoff_tokens
             self.stats.modes[p.chosen] = self.stats.modes.get(p.chosen, 0) + 1
             self.record("handoff", p.chosen)
             if solo(p.req):

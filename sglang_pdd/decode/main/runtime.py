@@ -232,7 +232,7 @@ class MainRuntime(DecodeRole):
         self._after_final_extend(items)
         metrics.record_extend_batch(len(items))
         for p in items:
-            metrics.record_handoff("main", len(p.req.output_ids))
+            metrics.record_handoff("main", p.handoff_tokens)
         self._publish_held()
         return batch, running_batch
 

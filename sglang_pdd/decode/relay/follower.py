@@ -27,7 +27,7 @@ class RelayFollower(DecodeRole):
             req = next((r for r in [*s.running_batch.reqs, *s.waiting_queue] if r.rid == op.rid), None)
             if req is None:
                 raise RuntimeError(f"sglang-pdd: TP ranks disagree: request {op.rid} is not decoding here")
-            end_with_handoff(s, req, op.k, op.mode)
+            end_with_handoff(s, req, op.handoff_tokens, op.mode)
 
     def _publish(self, now: float) -> None:
         """Rank 0 publishes the gauges."""

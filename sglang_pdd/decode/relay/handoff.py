@@ -9,7 +9,7 @@ finish it with the handoff reason. For each relayed request (keyed by RLD's boot
 * `Ready(R, have=0, mode)` from MD: MD's KV arrived. RLD fixes the handoff mode (one-shot, catch-up,
   or adaptive: `HandoffModePolicy` over RLD's load, MD's batch and the eager tokens so far).
   One-shot: as soon as R is decoding, RLD sends `Tokens(R, 0, [t1..tk], final)` and ends R with the
-  handoff finish (k = number of tokens sent; its stream carries exactly those).
+  handoff finish (its `handoff_tokens`: the number of tokens sent; its stream carries exactly those).
   Catch-up: RLD sends at most `chunk` tokens `Tokens(R, have, [...], final=False)` and keeps
   decoding; MD recomputes them and asks again with `Ready(R, have=have+len)`. Once at most `gap`
   tokens remain the answer is final and R ends as in one-shot. A catch-up that cannot converge (RLD
@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 class RelayOps(Protocol):
     def is_decoding(self, req: Any) -> bool: ...
 
-    def finish_with_handoff(self, req: Any, k: int, mode: str) -> None: ...
+    def finish_with_handoff(self, req: Any, handoff_tokens: int, mode: str) -> None: ...
 
     def output_logprobs(self, req: Any, start: int, end: int) -> list[float] | None: ...
 
@@ -178,10 +178,11 @@ class RelayHandoff:
         msg = Tokens(room=room_id, start=j, ids=ids, final=final, logprobs=ops.output_logprobs(req, j, end),
                      mode=room.mode.value)
         if final:
-            ops.finish_with_handoff(req, n, room.mode.value)
+            handoff_tokens = n  # every eager token: MD takes over from here
+            ops.finish_with_handoff(req, handoff_tokens, room.mode.value)
             self.stats.handoffs += 1
-            self.stats.handoff_tokens += n
-            logger.debug("relay room %s: handed off %d eager tokens (%s)", room_id, n, room.mode.value)
+            self.stats.handoff_tokens += handoff_tokens
+            logger.debug("relay room %s: handed off %d eager tokens (%s)", room_id, handoff_tokens, room.mode.value)
             self._drop(room_id, msg, peer)
             return
         room.sent, room.rounds, room.ready_from, room.ready = end, room.rounds + 1, None, None

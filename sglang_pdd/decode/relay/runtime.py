@@ -19,20 +19,20 @@ from sglang_pdd.policy.handoff_mode import HandoffModeConfig, HandoffModePolicy
 logger = logging.getLogger(__name__)
 
 
-def handoff_finish(k: int, mode: str = "one-shot"):
-    """The finish reason of a request RLD handed over after k eager tokens (never shown to clients
-    by the PDD router; a client driving the roles itself reads k from it)."""
+def handoff_finish(handoff_tokens: int, mode: str = "one-shot"):
+    """The finish reason of a request RLD handed over after `handoff_tokens` eager tokens (never shown
+    to clients by the PDD router; a client driving the roles itself reads the count from it)."""
     from sglang.srt.managers.schedule_batch import BaseFinishReason
 
     class FINISH_PDD_HANDOFF(BaseFinishReason):
-        def __init__(self, k: int, mode: str):
+        def __init__(self, handoff_tokens: int, mode: str):
             super().__init__()
-            self.k, self.mode = k, mode
+            self.handoff_tokens, self.mode = handoff_tokens, mode
 
         def to_json(self):
-            return HandoffFinish(handoff_tokens=self.k, mode=self.mode).to_finish()
+            return HandoffFinish(handoff_tokens=self.handoff_tokens, mode=self.mode).to_finish()
 
-    return FINISH_PDD_HANDOFF(k, mode)
+    return FINISH_PDD_HANDOFF(handoff_tokens, mode)
 
 
 class RelayRuntime(DecodeRole):
@@ -79,12 +79,12 @@ class RelayRuntime(DecodeRole):
         free = s.token_to_kv_pool_allocator.available_size() + s.tree_cache.evictable_size()
         return len(s.running_batch.reqs), min(1.0, max(0.0, 1.0 - free / total))
 
-    def finish_with_handoff(self, req: Any, k: int, mode: str = "one-shot") -> None:
-        """End the request now, between two decode steps: its stream carries exactly t1..tk (on every
-        TP rank: the other ranks replay it, rank_sync)."""
-        end_with_handoff(self.scheduler, req, k, mode)
-        self.sync.record(Finish(req.rid, k, mode))
-        metrics.record_handoff("relay", k)
+    def finish_with_handoff(self, req: Any, handoff_tokens: int, mode: str = "one-shot") -> None:
+        """End the request now, between two decode steps: its stream carries exactly its first
+        `handoff_tokens` tokens (on every TP rank: the other ranks replay it, rank_sync)."""
+        end_with_handoff(self.scheduler, req, handoff_tokens, mode)
+        self.sync.record(Finish(req.rid, handoff_tokens, mode))
+        metrics.record_handoff("relay", handoff_tokens)
 
     # -- DecodeRole ---------------------------------------------------------------------------
     def admit(self, req: Any) -> None:
@@ -95,14 +95,14 @@ class RelayRuntime(DecodeRole):
         self.sync.flush()
 
 
-def end_with_handoff(s: Any, req: Any, k: int, mode: str) -> None:
+def end_with_handoff(s: Any, req: Any, handoff_tokens: int, mode: str) -> None:
     """End a request RLD decodes (running, or transferred and waiting to join) with the handoff finish."""
     from sglang.srt.mem_cache.common import release_kv_cache
 
     waiting = any(r is req for r in s.waiting_queue)
     if waiting:
         s.waiting_queue = [r for r in s.waiting_queue if r is not req]
-    req.finished_reason = handoff_finish(k, mode)
+    req.finished_reason = handoff_finish(handoff_tokens, mode)
     s.output_streamer.stream_output([req], req.return_logprob)
     release_kv_cache(req, s.tree_cache, checkpoint=False)
     req.time_stats.set_completion_time()

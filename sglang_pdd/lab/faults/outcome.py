@@ -34,7 +34,7 @@ class RequestRecord:
     gap_s: float = 0.0  # largest gap between two chunks
     e2e_s: float = 0.0
     md: int | None = None  # meta_info.pdd.md.index
-    handoff_k: int | None = None
+    handoff_tokens: int | None = None
 
     @property
     def completed(self) -> bool:

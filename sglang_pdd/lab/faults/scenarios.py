@@ -45,8 +45,8 @@ def _wait(ctx, pred, what: str):
 
 
 def _past_handoff(t):
-    return next((r for r in t.active if r.handoff_k is not None and r.md is not None
-                 and len(r.output_ids) >= r.handoff_k + 4), None)
+    return next((r for r in t.active if r.handoff_tokens is not None and r.md is not None
+                 and len(r.output_ids) >= r.handoff_tokens + 4), None)
 
 
 def _streaming(n: int):
@@ -57,7 +57,7 @@ def md_kill_after_handoff(ctx) -> str:
     r = _wait(ctx, _past_handoff, "a request 4 tokens past its handoff")
     name = f"main-{r.md}"
     inject.sigkill(ctx.dep.servers[name])
-    return f"SIGKILL {name} at token {len(r.output_ids)} of a request handed off at {r.handoff_k}"
+    return f"SIGKILL {name} at token {len(r.output_ids)} of a request handed off at {r.handoff_tokens}"
 
 
 def md_kill_before_handoff(ctx) -> str:
@@ -102,7 +102,7 @@ def wan_cut_after_handoff(ctx) -> str:
     finally:
         inject.heal_wan(ctx.tb)
     return (f"iptables DROP on both wan0 for {seconds:g}s (MD's idle deadline + 10 s) from token "
-            f"{len(r.output_ids)} of a request handed off at {r.handoff_k}")
+            f"{len(r.output_ids)} of a request handed off at {r.handoff_tokens}")
 
 
 def wan_flap(ctx) -> str:

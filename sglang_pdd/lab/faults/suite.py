@@ -111,7 +111,7 @@ def classify_all(rep: ScenarioReport, records: list[RequestRecord], dep: FaultDe
             if not same:
                 i = identity.first_divergence(ref.tokens, r.output_ids)
                 rep.wrong.append(f"conv {r.conv} turn {r.turn}{' (seeded)' if r.sampling else ''}: diverges at step {i} "
-                                 f"(migrations {r.migrations}, md {r.md}, handoff {r.handoff_k})")
+                                 f"(migrations {r.migrations}, md {r.md}, handoff {r.handoff_tokens})")
         cls = classify(r, same)
         rep.add(cls, seeded=bool(r.sampling))
         if cls == "failed" and r.error not in rep.errors:

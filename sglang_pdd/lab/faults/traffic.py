@@ -149,7 +149,7 @@ def request(url: str, rec: RequestRecord, deadline_s: float, on_chunk=lambda: No
                 pdd = ReplyMeta.of(meta) or ReplyMeta()  # a garbled one: a malformed stream (ValueError)
                 rec.migrations = pdd.migrations
                 rec.causes = list(pdd.migration_causes)
-                rec.handoff_k = pdd.handoff_tokens
+                rec.handoff_tokens = pdd.handoff_tokens
                 rec.md = pdd.md.index if pdd.md else None
                 if meta.get("finish_reason") is not None:
                     rec.finish_reason = meta["finish_reason"]

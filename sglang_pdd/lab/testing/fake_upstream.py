@@ -4,7 +4,7 @@ benchmark (`micro.router_bench`) put them behind a real `Dispatcher` and `Router
 Each `FakeRole` answers `/generate` as its role does in sglang, the wire format included: P answers
 one JSON reply; RLD and MD stream SSE lines of cumulative `output_ids` (and logprobs when asked;
 deltas with `incremental`, as sglang's `--incremental-streaming-output`; `completion_tokens` either way),
-RLD ending with the `pdd_handoff` finish after `handoff_k` tokens, MD starting over at t1. Output
+RLD ending with the `pdd_handoff` finish after `handoff_tokens` tokens, MD starting over at t1. Output
 token i of any request is `token(i)`. `behaviour` replaces the normal answer for one test (a hang, an
 error, a broken stream, ...). Every body and every abort is recorded.
 """
@@ -62,7 +62,7 @@ def chunk(ids: list[int], reason: dict | None, logprobs: bool, first: int = 0, *
 @dataclass
 class FakeRole:
     role: str  # prefill, relay, main
-    handoff_k: int = 4  # relay: tokens before it hands off (0: it never hands off)
+    handoff_tokens: int = 4  # relay: tokens before it hands off (0: it never hands off)
     every: int = 1  # tokens per streamed chunk (sglang's stream_interval)
     incremental: bool = False  # stream deltas (sglang's --incremental-streaming-output), not cumulative
     behaviour: Callable[[web.Request, dict], Awaitable[web.StreamResponse]] | None = None
@@ -121,14 +121,14 @@ class FakeRole:
         n = (body.get("sampling_params") or {}).get("max_new_tokens", 128)
         lp = bool(body.get("return_logprob"))
         ids = [token(i) for i in range(n)]
-        if self.role == "relay" and 0 < self.handoff_k < n:
-            ends = {self.handoff_k: HandoffFinish(handoff_tokens=self.handoff_k, mode="one-shot").to_finish()}
-            n = self.handoff_k
+        if self.role == "relay" and 0 < self.handoff_tokens < n:
+            ends = {self.handoff_tokens: HandoffFinish(handoff_tokens=self.handoff_tokens, mode="one-shot").to_finish()}
+            n = self.handoff_tokens
         else:
             ends = {n: {"type": "length", "length": n}}
         resp = await start_stream(request)
         cuts = list(range(self.every, n, self.every)) + [n]
-        start = self.handoff_k if self.role == "main" and body.get("sampling_params", {}).get(
+        start = self.handoff_tokens if self.role == "main" and body.get("sampling_params", {}).get(
             "custom_params") else 0  # MD after a handoff: its first chunk already holds t1..tk
         sent = 0
         for c in cuts:

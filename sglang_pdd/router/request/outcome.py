@@ -30,7 +30,7 @@ class Outcome:
 
     pipeline: Pipeline | None = None
     reason: str = ""
-    handoff_k: int | None = None
+    handoff_tokens: int | None = None
     handoff_mode: str | None = None
     output_logprobs: list | None = None
     live_logprobs: list | None = None  # the client's tokens' logprobs so far, aligned with its tokens

@@ -98,7 +98,7 @@ class IncrementalText:
 class Stitcher:
     decode: Callable[[list[int]], str]
     ids: list[int] = field(default_factory=list)
-    handoff_k: int | None = None
+    handoff_tokens: int | None = None
     handoff_mode: str | None = None  # one-shot or catch-up, as the relay reported it
     finish_reason: dict | None = None
     source: str = "relay"  # which stream feeds the client now
@@ -119,17 +119,16 @@ class Stitcher:
             raise StitchError("relay output after the handoff")
         handoff = HandoffFinish.from_finish(finish_reason)  # a malformed one raises (a ValueError)
         if handoff is not None:
-            k = handoff.handoff_tokens
-            if k != len(output_ids):
-                raise StitchError(f"relay handed off {k} tokens but streamed {len(output_ids)}")
-            self.handoff_k, self.source = k, "main"
+            if handoff.handoff_tokens != len(output_ids):
+                raise StitchError(f"relay handed off {handoff.handoff_tokens} tokens but streamed {len(output_ids)}")
+            self.handoff_tokens, self.source = handoff.handoff_tokens, "main"
             self.handoff_mode = handoff.mode
             return self._advance(output_ids, None)
         return self._advance(output_ids, finish_reason)
 
     def feed_main(self, output_ids: list[int], finish_reason: dict | None) -> Delta:
         """MD's cumulative output. Before the handoff (direct P->MD pipeline) it is the only source."""
-        if self.source == "relay" and self.handoff_k is None:
+        if self.source == "relay" and self.handoff_tokens is None:
             raise StitchError("main output before the relay handed off")
         self._check_eager(output_ids)
         return self._advance(output_ids, finish_reason)
@@ -145,8 +144,8 @@ class Stitcher:
         return self._advance(output_ids, finish_reason)
 
     def _check_eager(self, output_ids: list[int]) -> None:
-        if not self._main_checked and self.handoff_k:  # once: MD's first chunk repeats t1..tk
-            if output_ids[: self.handoff_k] != self.ids[self.offset: self.offset + self.handoff_k]:
+        if not self._main_checked and self.handoff_tokens:  # once: MD's first chunk repeats t1..tk
+            if output_ids[: self.handoff_tokens] != self.ids[self.offset: self.offset + self.handoff_tokens]:
                 raise StitchError("main's eager tokens differ from what the relay streamed")
             self._main_checked = True
 
@@ -154,16 +153,16 @@ class Stitcher:
         """A migrated copy feeds the client from here on; its outputs (both feeds take them) follow the
         tokens already sent. Not `relayed` (P->MD, or a relay alone): through `feed_main`. `relayed`
         (P->RLD->MD): through `feed_relay` until the new relay hands off, then `feed_main`, as a first
-        copy does (`handoff_k` is then the new copy's)."""
+        copy does (`handoff_tokens` is then the new copy's)."""
         self.offset = len(self.ids)
         if relayed:
-            self.source, self.handoff_k, self.handoff_mode, self._main_checked = "relay", None, None, False
+            self.source, self.handoff_tokens, self.handoff_mode, self._main_checked = "relay", None, None, False
         else:
             self.source, self._main_checked = "main", True
 
     def direct(self) -> "Stitcher":
         """Use for the P->MD pipeline: MD is the only source from the start."""
-        self.source, self.handoff_k = "main", 0
+        self.source, self.handoff_tokens = "main", 0
         return self
 
     def _advance(self, output_ids: list[int], finish_reason: dict | None) -> Delta:

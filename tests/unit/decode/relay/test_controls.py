@@ -27,8 +27,8 @@ class DecodingOps:
     def load(self):
         return 1, 0.1
 
-    def finish_with_handoff(self, req, k, mode="one-shot"):
-        self.handed.append((req.rid, k))
+    def finish_with_handoff(self, req, handoff_tokens, mode="one-shot"):
+        self.handed.append((req.rid, handoff_tokens))
         req.finished_reason = FakeReason("pdd_handoff")
 
 

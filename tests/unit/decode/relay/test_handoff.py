@@ -25,8 +25,8 @@ class FakeOps:
     def load(self):
         return self.running, self.kv_usage
 
-    def finish_with_handoff(self, req, k, mode="one-shot"):
-        self.handed.append((req.rid, k))
+    def finish_with_handoff(self, req, handoff_tokens, mode="one-shot"):
+        self.handed.append((req.rid, handoff_tokens))
         req.finished_reason = FakeReason("pdd_handoff")
 
 

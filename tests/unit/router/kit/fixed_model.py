@@ -22,8 +22,8 @@ def reference(n: int, prompt=PROMPT) -> list[int]:
     return [fu.token(len(prompt) + i) for i in range(n)]
 
 
-def model(fail_at: int | None = None, how: str = "end", handoff_k: int = 0, eager: int = 0, times: int = 1):
-    """A streaming role (RLD or MD) on the fixed model. RLD hands off after `handoff_k` tokens; MD after a
+def model(fail_at: int | None = None, how: str = "end", handoff_tokens: int = 0, eager: int = 0, times: int = 1):
+    """A streaming role (RLD or MD) on the fixed model. RLD hands off after `handoff_tokens` tokens; MD after a
     handoff (its body carries PDD parameters) starts with `eager` tokens. The first `times` calls fail
     after `fail_at` tokens: end (the stream closes), abort (an abort finish), hang, error400 (a client's
     error inside the stream), 503 (an HTTP error before any token)."""
@@ -42,7 +42,7 @@ def model(fail_at: int | None = None, how: str = "end", handoff_k: int = 0, eage
         for c in range(first, n + 1):
             if failing and c > fail_at:
                 break
-            if handoff_k and c == handoff_k < n:
+            if handoff_tokens and c == handoff_tokens < n:
                 end = HandoffFinish(handoff_tokens=c, mode="one-shot").to_finish()
                 await resp.write(fu._sse(fu.chunk(ids[:c], end, lp)))
                 await resp.write(b"data: [DONE]\n\n")

@@ -85,7 +85,7 @@ def test_over_http_a_request_with_every_md_out_goes_p_rld_and_no_md_is_tried():
     cold = {"input_ids": [8, 9, 10, 11], "sampling_params": {"max_new_tokens": 12}}
 
     async def go():
-        async with fu.FakeCluster(relay=fu.FakeRole("relay", handoff_k=0)) as cl:
+        async with fu.FakeCluster(relay=fu.FakeRole("relay", handoff_tokens=0)) as cl:
             async with _auto_router(cl) as (c, d):
                 md = d.main.peers[0]
                 outs = [await (await c.post("/generate", json=body)).json()]  # the control: MD in service

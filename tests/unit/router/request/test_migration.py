@@ -56,7 +56,7 @@ def test_md_dead_after_the_handoff_goes_on_p_rld_md_with_another_md_and_logprobs
     (RLD goes on at once while the new MD's KV lands; then a second handoff)."""
     async def go():
         async with fu.FakeCluster(main2=fu.FakeRole("main")) as cl:
-            cl.relay.behaviour = model(handoff_k=4)
+            cl.relay.behaviour = model(handoff_tokens=4)
             cl.main.behaviour, cl.main2.behaviour = model(fail_at=6, eager=4, how="abort"), model(eager=4)
             return await post_generate(cl, generate_body(12, return_logprob=True), pipeline="relay"), cl
 
@@ -95,7 +95,7 @@ def test_rld_dead_before_the_handoff_goes_on_p_md_on_the_same_md():
     """MD held the KV of the prompt (its radix cache makes the new transfer a few pages)."""
     async def go():
         async with fu.FakeCluster() as cl:
-            cl.relay.behaviour = model(fail_at=3, handoff_k=8)
+            cl.relay.behaviour = model(fail_at=3, handoff_tokens=8)
             cl.main.behaviour = model(eager=8)
             return await post_generate(cl, generate_body(12), pipeline="relay"), cl
 

@@ -48,7 +48,7 @@ def run(coro, guard_s: float = 60.0):
 
 async def _answer(incremental: bool, pipeline: str, stream: bool, n: int, every: int):
     body = {"input_ids": [5, 6], "return_logprob": True, "stream": stream, "sampling_params": {"max_new_tokens": n}}
-    async with fu.FakeCluster(relay=fu.FakeRole("relay", handoff_k=5, every=every, incremental=incremental),
+    async with fu.FakeCluster(relay=fu.FakeRole("relay", handoff_tokens=5, every=every, incremental=incremental),
                               main=fu.FakeRole("main", every=every, incremental=incremental)) as cl:
         async with fu.router_client(cl, pipeline=pipeline) as client:
             r = await client.post("/generate", json=body)

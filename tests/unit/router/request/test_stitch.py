@@ -109,7 +109,7 @@ def test_a_migrated_relayed_copy_hands_off_again_after_what_was_sent():
     s = _migrated(relayed=True)  # the new copy's outputs follow 'hi'
     out = [s.feed_relay([33], None), s.feed_relay([33, 63], HANDOFF(2)), s.feed_main([33, 63, 33], LENGTH)]
     assert [d.token_ids for d in out] == [[33], [63], [33]] and s.ids == [104, 105, 33, 63, 33]
-    assert "".join(d.text for d in out) == "!?!" and s.handoff_k == 2 and s.finish_reason == LENGTH
+    assert "".join(d.text for d in out) == "!?!" and s.handoff_tokens == 2 and s.finish_reason == LENGTH
 
 
 @pytest.mark.parametrize("feeds, match", [
