@@ -19,6 +19,13 @@ from sglang_pdd.transfer.lanes import MAIN_PATH, RELAY_PATH
 from tests.fakes.clock import FakeClock
 
 
+@pytest.fixture(autouse=True)
+def uncached_config(monkeypatch):
+    """process_state.packed_wan caches the process's config on first use: these tests leave it unread
+    (later tests export their own)."""
+    monkeypatch.setattr(packed_wan, "cfg", PddConfig)
+
+
 def test_without_a_knobs_file_the_seams_are_productions():
     for switches in (OFF, TestSwitches(testing=True)):
         assert from_switches(switches) is PRODUCTION
