@@ -21,6 +21,7 @@ from sglang_pdd.protocol import keys
 from sglang_pdd.server.roles import ROLE_CHOICES, Role
 
 ENV_CONFIG = "SGLANG_PDD_CONFIG"  # JSON of PddConfig, set by the launcher for its children
+SGLANG_DEFAULT_HOST = "127.0.0.1"  # sglang's --host when not given (the relay's token channel binds there)
 # Test only, read by sglang_pdd.test_switches: "1" honours the negative control `drop_eager_kv`, and
 # the path of a JSON file of `TestKnobs`, re-read when used (so a test can flip them at run time).
 ENV_TESTING = "SGLANG_PDD_TESTING"
@@ -90,7 +91,9 @@ FLAGS: tuple[FlagSpec, ...] = (
              "SGLANG_PDD_TOKEN_CURVE_KEY_FILE names (python -m sglang_pdd.protocol.curve OUTDIR makes a pair). "
              "The relay admits only the MD public keys in SGLANG_PDD_TOKEN_CURVE_CLIENTS(_FILE) ('*': any), MD "
              "holds its own secret key in SGLANG_PDD_TOKEN_CURVE_CLIENT_KEY(_FILE). "
-             "'auto' (default): on when a key is configured; 'on': refuse to start without one.",
+             "'auto' (default): on when a key is configured; without one a relay whose --host is not a "
+             "loopback address (its token channel reachable from other hosts) refuses to start; 'on': refuse "
+             "to start without a key; 'off': never encrypt (the explicit opt-out: a private or encrypted link).",
              choices=("auto", "on", "off")),
     FlagSpec("seeded_sampling", str, "auto", "any server: honour a request's sampling_seed (OpenAI `seed`) "
              "with sglang's position-hashed sampler, so a sampled request gives the same tokens whichever "
@@ -289,6 +292,7 @@ def from_cli_args(args: argparse.Namespace, disaggregation_mode: str = "null",
             keys.secret()
             if cfg.role is Role.RELAY:
                 keys.curve_clients(cfg.token_curve)  # its key, and the MD keys it admits
+                keys.refuse_clear_channel(cfg.token_curve, getattr(args, "host", SGLANG_DEFAULT_HOST))
             else:
                 keys.curve_client_key(cfg.token_curve)  # the relay's key, and its own
         else:

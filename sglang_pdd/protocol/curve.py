@@ -17,8 +17,10 @@ text (`python -m sglang_pdd.protocol.curve OUTDIR` writes `relay.key` and `relay
   is no secret, so anyone can then reach the socket, whose frames the HMAC still drops). An MD
   without its own key draws one per connection: only a relay with `*` admits it.
 
-`--pdd-token-curve auto` (default) encrypts when a key is configured, `on` refuses to start without
-one, `off` never encrypts. Both ends must agree: a plaintext peer of an encrypting one never completes
+`--pdd-token-curve auto` (default) encrypts when a key is configured, and refuses to start a relay
+without one whose token channel other hosts reach (its --host not a loopback address: `keys`); `on`
+refuses to start without a key, `off` never encrypts (the explicit opt-out, for a link that is private
+or encrypted already). Both ends must agree: a plaintext peer of an encrypting one never completes
 the handshake, so no frame passes (MD's request then fails at the handoff timeout).
 """
 
@@ -101,6 +103,22 @@ def connect_to(sock: zmq.Socket, server_public_key: bytes, secret_key: bytes | N
     sock.curve_secretkey = secret
 
 
+def write_pair(outdir: str, stem: str) -> tuple[str, str]:
+    """A fresh keypair as `stem`.key (the secret key, mode 0600) and `stem`.pub (0644) in `outdir`; their paths."""
+    public, secret = zmq.curve_keypair()
+    os.makedirs(outdir, exist_ok=True)
+    paths = []
+    for name, key, mode in ((stem + ".key", secret, 0o600), (stem + ".pub", public, 0o644)):
+        path = os.path.join(outdir, name)
+        if os.path.lexists(path):
+            os.unlink(path)  # a fresh file with this mode (O_CREAT keeps an old file's)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(key + b"\n")
+        paths.append(path)
+    return paths[0], paths[1]
+
+
 def main(argv: list[str]) -> int:
     if len(argv) not in (1, 2):
         print("usage: python -m sglang_pdd.protocol.curve OUTDIR [NAME]  (writes NAME.key and NAME.pub; "
@@ -110,13 +128,7 @@ def main(argv: list[str]) -> int:
     if not stem or os.path.basename(stem) != stem or stem.startswith("."):
         print(f"NAME: {stem!r} is not a plain file name", file=sys.stderr)
         return 2
-    public, secret = zmq.curve_keypair()
-    os.makedirs(argv[0], exist_ok=True)
-    for name, key, mode in ((stem + ".key", secret, 0o600), (stem + ".pub", public, 0o644)):
-        path = os.path.join(argv[0], name)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(key + b"\n")
+    for path in write_pair(argv[0], stem):
         print(path)
     return 0
 

@@ -6,11 +6,14 @@ main need one, a prefill and the router use one where it is set. The CURVE keys 
 encrypt the channel as `--pdd-token-curve` (its value is the `mode` here: auto, on, off) asks.
 
 Each missing or unreadable key is a `ChannelKeyError` whose message names the variable or the flag;
-`config.from_cli_args` turns it into the `PddConfigError` a server refuses to start with.
+`config.from_cli_args` turns it into the `PddConfigError` a server refuses to start with. A relay whose
+token channel other hosts reach (its --host not a loopback address) must encrypt it unless told
+otherwise (`refuse_clear_channel`: `--pdd-token-curve off` is the explicit opt-out).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 
 from sglang_pdd.protocol.env_secret import env_or_file
@@ -67,6 +70,35 @@ def curve_key(mode: str, environ: dict | None = None) -> bytes | None:
     if key is None and mode == "on":
         raise ChannelKeyError(f"--pdd-token-curve on: no key ({ENV_KEY} or {ENV_KEY}_FILE is not set)")
     return key
+
+
+def is_loopback(host: str | None) -> bool:
+    """Whether a server bound on `host` (its --host) is reachable from this host only. Empty or None:
+    every address (the relay binds 0.0.0.0 then); a name other than localhost is not resolved: not loopback."""
+    if not host:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def refuse_clear_channel(mode: str, host: str | None, environ: dict | None = None) -> None:
+    """Relay: under `--pdd-token-curve auto`, a token channel that other hosts reach (bound on `host`,
+    not a loopback address) needs a CURVE key: the relayed requests' output tokens (the users' text)
+    would cross the network in clear. `off` is the explicit opt-out, `on` needs a key anyway."""
+    from sglang_pdd.protocol.curve import ENV_CLIENTS, ENV_KEY
+
+    if mode != "auto" or is_loopback(host) or curve_key(mode, environ) is not None:
+        return
+    raise ChannelKeyError(
+        f"--pdd-token-curve auto: the token channel binds on {host or 'every address'} (--host), which other "
+        f"hosts reach, and no CURVE key is set, so every relayed request's output tokens would cross the network "
+        f"in clear. Set {ENV_KEY} (or {ENV_KEY}_FILE) and {ENV_CLIENTS} (or {ENV_CLIENTS}_FILE): `python -m "
+        "sglang_pdd.protocol.keygen OUTDIR` writes every key a deployment needs; or pass --pdd-token-curve off "
+        "to send it in clear (only over a link that is private or encrypted already: IPsec, WireGuard)")
 
 
 def curve_clients(mode: str, environ: dict | None = None) -> frozenset[bytes] | None:

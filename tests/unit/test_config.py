@@ -256,3 +256,52 @@ def test_idle_wait_and_transfer_poll_default_on_for_pdd_roles_only():
 def test_idle_wait_and_transfer_poll_out_of_range_are_rejected(flag, value):
     with pytest.raises(PddConfigError, match=flag):
         config.from_cli_args(parse(flag, value))
+
+
+def _relay(host, *argv):
+    args = parse("--pdd-role", "relay", "--pdd-token-port", "18500", *argv)
+    if host is not None:
+        args.host = host  # sglang's --host (absent: sglang's default, 127.0.0.1)
+    return config.from_cli_args(args, disaggregation_mode="decode")
+
+
+@pytest.fixture
+def no_curve(monkeypatch):
+    for name in ("SGLANG_PDD_TOKEN_CURVE_KEY", "SGLANG_PDD_TOKEN_CURVE_KEY_FILE", "SGLANG_PDD_TOKEN_CURVE_CLIENTS",
+                 "SGLANG_PDD_TOKEN_CURVE_CLIENTS_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SGLANG_PDD_SECRET", "s" * 16)
+
+
+@pytest.mark.parametrize("host", ["10.0.0.5", "0.0.0.0", "", "::", "pdd-relay-0.pdd-relay.site-a.example"])
+def test_a_relay_others_reach_refuses_a_token_channel_in_clear(no_curve, host):
+    """Issue 47 item 4: the token channel carries every relayed request's output tokens; bound where other
+    hosts reach it, with no CURVE key and no explicit `off`, the relay refuses to start, naming the flag."""
+    with pytest.raises(PddConfigError, match=r"--pdd-token-curve auto: the token channel binds on .* in clear") as e:
+        _relay(host)
+    assert "SGLANG_PDD_TOKEN_CURVE_KEY" in str(e.value) and "--pdd-token-curve off" in str(e.value)
+    assert _relay(host, "--pdd-token-curve", "off").token_curve == "off"  # the explicit opt-out starts
+
+
+@pytest.mark.parametrize("host", [None, "127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"])
+def test_control_a_loopback_token_channel_may_stay_in_clear(no_curve, host):
+    assert _relay(host).role is Role.RELAY  # nothing crosses a wire: the tests' one-box clusters
+
+
+def test_control_an_encrypting_relay_starts_on_any_address(no_curve, monkeypatch):
+    import zmq
+
+    public, secret = zmq.curve_keypair()
+    monkeypatch.setenv("SGLANG_PDD_TOKEN_CURVE_KEY", secret.decode())
+    monkeypatch.setenv("SGLANG_PDD_TOKEN_CURVE_CLIENTS", zmq.curve_keypair()[0].decode())
+    assert _relay("0.0.0.0").token_curve == "auto"
+    monkeypatch.delenv("SGLANG_PDD_TOKEN_CURVE_KEY")  # `on` still asks for the key itself
+    with pytest.raises(PddConfigError, match="--pdd-token-curve on: no key"):
+        _relay("0.0.0.0", "--pdd-token-curve", "on")
+
+
+def test_main_and_prefill_bind_no_token_channel(no_curve):
+    for role, mode in (("main", "decode"), ("prefill", "prefill")):
+        args = parse("--pdd-role", role)
+        args.host = "0.0.0.0"
+        assert config.from_cli_args(args, disaggregation_mode=mode, decode_radix_cache=True).role is Role(role)

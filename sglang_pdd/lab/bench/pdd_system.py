@@ -79,7 +79,10 @@ class PddRouted(UpstreamPD):
         rld = g.start("relay", dep.server(ServerConfig(
             port=RELAY_PORT, host=a, nccl_port=RELAY_PORT + 1000, mode="decode",
             extra=["--pdd-role", "relay", "--pdd-token-port", str(TOKEN_PORT),
-                   "--pdd-adaptive-md-batch", str(self.adaptive_md_batch)], **common), "A"))
+                   "--pdd-adaptive-md-batch", str(self.adaptive_md_batch),
+                   # on cluster A's testbed address: the token channel in clear must be asked for (the WAN is a
+                   # veth pair inside this box; a deployment encrypts it with --pdd-token-curve)
+                   "--pdd-token-curve", "off"], **common), "A"))
         mds = [g.start("main" if i == 0 else f"main-{i}", dep.server(ServerConfig(
             port=DECODE_PORT + 10 * i, host=b, nccl_port=DECODE_PORT + 1000 + 10 * i, mode="decode",
             decode_radix_cache=True,

@@ -67,13 +67,16 @@ class FaultDeployment:
         env = {"SGLANG_PDD_SECRET": secrets.token_hex(16)}
         common = dict(model=self.model, bootstrap_port=BOOTSTRAP)
         timeout = ["--pdd-handoff-timeout", f"{t.handoff:g}"]
+        # the relay binds on cluster A's testbed address, so it must be told to keep its token channel in clear
+        # (the WAN is a veth pair inside this box; a deployment encrypts it: --pdd-token-curve)
+        clear = ["--pdd-token-curve", "off"]
         self._add("reference", ServerConfig(port=REFERENCE, host=a, nccl_port=REFERENCE + 1000, model=self.model,
                                             extra=["--pdd-seeded-sampling", "on"]), "A")
         self._add("prefill", ServerConfig(port=PREFILL, host=a, nccl_port=PREFILL + 1000, mode="prefill", **common,
                                           extra=["--pdd-role", "prefill"],
                                           env={**env, ENV_TEST_KNOBS: self.knob_files["prefill"]}), "A")
         self._add("relay", ServerConfig(port=RELAY, host=a, nccl_port=RELAY + 1000, mode="decode", **common,
-                                        extra=["--pdd-role", "relay", "--pdd-token-port", str(TOKEN), *timeout],
+                                        extra=["--pdd-role", "relay", "--pdd-token-port", str(TOKEN), *timeout, *clear],
                                         env={**env, ENV_TEST_KNOBS: self.knob_files["relay"]}), "A")
         for i in range(self.mains):
             port = MAIN + 10 * i
