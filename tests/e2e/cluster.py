@@ -21,6 +21,10 @@ class PD:
     decode: ServerProcess
     bootstrap_port: int
     router: ServerProcess | None = None
+    idle_rows: float | None = None  # request rows free on the idle decode server (all of them), when read
+
+    def clear_knobs(self) -> None:
+        """A pair started without test knobs: nothing to clear when shared_cluster hands it on."""
 
 
 def start_pd(server_set, model: str, *, base_port: int, bootstrap_port: int, router: bool = False,

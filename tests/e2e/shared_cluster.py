@@ -33,6 +33,13 @@ MD_EVENTS, MD_EVENTS_REPLAY = 5594, 5595  # RELAY's MD publishes its KV events h
 ROLE_KEY = "pdd-e2e-role-key"  # KEYED's roles' --api-key; its routers send it (SGLANG_PDD_ROLE_API_KEY)
 INCREMENTAL = ("--incremental-streaming-output",)
 
+PAIR = "p-md"  # P and MD alone, no RLD (MD: a small KV pool that evicts, KV events, a trusted relay nobody
+#                serves): test_kv_events (first: it reads MD's cache from empty), test_main_robustness
+PAIR_PORT, PAIR_BOOT = 31400, 9400
+PAIR_EVENTS, PAIR_EVENTS_REPLAY = 5590, 5591
+PAIR_POOL = 2400  # MD's --max-total-tokens: two of test_kv_events' conversations do not fit
+PAIR_TRUSTED_RELAY = "tcp://127.0.0.1:18591"  # MD's --pdd-relays; nothing listens there
+
 
 def _relay(group: ServerGroup, model: str):
     from .cluster import start_pdd
@@ -67,8 +74,29 @@ def _overlap(group: ServerGroup, model: str):
     return pdd
 
 
-# key -> (group, model) -> the cluster (a `cluster.PDDServers`: `clear_knobs` unsets what a module set)
-RECIPES: dict[str, Callable] = {RELAY: _relay, KEYED: _keyed, OVERLAP: _overlap}
+def _pair(group: ServerGroup, model: str):
+    from sglang_pdd.lab.testing.launch_args import ServerConfig
+
+    from .cluster import PD, idle_rows
+
+    events = json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{PAIR_EVENTS}",
+                         "replay_endpoint": f"tcp://*:{PAIR_EVENTS_REPLAY}"})
+    p = group.start(f"pair-prefill-{PAIR_PORT}", ServerConfig(
+        model=model, port=PAIR_PORT, nccl_port=PAIR_PORT + 1000, mode="prefill", bootstrap_port=PAIR_BOOT,
+        extra=["--pdd-role", "prefill"]))
+    md = group.start(f"pair-main-{PAIR_PORT + 1}", ServerConfig(
+        model=model, port=PAIR_PORT + 1, nccl_port=PAIR_PORT + 1001, mode="decode", bootstrap_port=PAIR_BOOT,
+        decode_radix_cache=True, max_total_tokens=PAIR_POOL,
+        extra=["--pdd-role", "main", "--kv-events-config", events, "--pdd-relays", PAIR_TRUSTED_RELAY,
+               "--pdd-handoff-timeout", "10"]))
+    p.wait_ready()
+    md.wait_ready()
+    return PD(prefill=p, decode=md, bootstrap_port=PAIR_BOOT, idle_rows=idle_rows(md.url))
+
+
+# key -> (group, model) -> the cluster (a `cluster.PDDServers` or `cluster.PD`: `clear_knobs` unsets what a
+# module set)
+RECIPES: dict[str, Callable] = {RELAY: _relay, KEYED: _keyed, OVERLAP: _overlap, PAIR: _pair}
 
 
 class SharedClusters:

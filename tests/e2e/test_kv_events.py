@@ -7,7 +7,6 @@ and the router, given `--main-kv-events`, decides on that exact hit."""
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
 
@@ -17,16 +16,18 @@ from sglang_pdd.router.cache.exact_view import ExactCacheView
 from sglang_pdd.router.cache.kv_subscriber import KvEventSource, KvEventSubscriber
 from sglang_pdd.router.cache.prefix_view import PrefixView
 from sglang_pdd.lab.testing.client import generate, greedy_body, pd_generate
-from sglang_pdd.lab.testing.launch_args import PddRouterConfig, ServerConfig
+from sglang_pdd.lab.testing.launch_args import PddRouterConfig
 from sglang_pdd.protocol.reply import ReplyMeta
 
 from .cluster import kv_bytes_per_token, kv_bytes_sent, metric, wait_until
+from .shared_cluster import PAIR, PAIR_BOOT as BOOT, PAIR_EVENTS as EVENTS, PAIR_EVENTS_REPLAY as REPLAY
+from .shared_cluster import PAIR_PORT, cluster_for
 
-pytestmark = pytest.mark.e2e
+# shared_cluster.PAIR: MD's pool of 2400 tokens does not hold two of these conversations, so the second
+# evicts part of the first; this module takes the pair first, while MD's cache is empty
+pytestmark = [pytest.mark.e2e, pytest.mark.shared_cluster(PAIR)]
 
-BASE, BOOT, EVENTS, REPLAY = 31400, 9400, 5590, 5591
 NEW_TOKENS = 16
-MD_POOL = 2400  # tokens: two conversations do not fit, so the second evicts part of the first
 
 
 class Md:
@@ -80,19 +81,9 @@ class Md:
 
 
 @pytest.fixture(scope="module")
-def md(server_group, tiny_model):
-    events = json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{EVENTS}",
-                         "replay_endpoint": f"tcp://*:{REPLAY}"})
-    p = server_group.start(f"prefill-{BASE}", ServerConfig(
-        model=tiny_model, port=BASE, nccl_port=BASE + 1000, mode="prefill", bootstrap_port=BOOT,
-        extra=["--pdd-role", "prefill"]))
-    d = server_group.start(f"main-{BASE + 1}", ServerConfig(
-        model=tiny_model, port=BASE + 1, nccl_port=BASE + 1001, mode="decode", bootstrap_port=BOOT,
-        decode_radix_cache=True, max_total_tokens=MD_POOL,
-        extra=["--pdd-role", "main", "--kv-events-config", events]))
-    p.wait_ready()
-    d.wait_ready()
-    m = Md(p, d)
+def md(request, shared_clusters, tiny_model):
+    pair = cluster_for(request, shared_clusters, tiny_model)
+    m = Md(pair.prefill, pair.decode)
     yield m
     m.close()
 
@@ -135,9 +126,9 @@ def router_view(url: str) -> tuple[float, float] | None:
 
 def test_the_router_routes_on_mds_exact_cache(md, server_group, prompts, tiny_model):
     kvb = kv_bytes_per_token(tiny_model)
-    router = server_group.start(f"router-{BASE + 2}", PddRouterConfig(
+    router = server_group.start(f"router-{PAIR_PORT + 2}", PddRouterConfig(
         prefill=[(md.prefill.url, BOOT)], relay=[], main=[md.decode.url], tokenizer=tiny_model,
-        port=BASE + 2, pipeline="direct",
+        port=PAIR_PORT + 2, pipeline="direct",
         extra=["--main-kv-events", f"tcp://127.0.0.1:{EVENTS}", f"tcp://127.0.0.1:{REPLAY}"])).wait_ready()
     d1 = prompts.ids(500, seed=61)
     out, _ = md.turn(d1)  # not through the router: its approximate view never sees this conversation

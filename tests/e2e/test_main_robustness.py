@@ -1,6 +1,8 @@
 """MainDecode on real sglang stays up and clean whatever one request does: a relay it was not told
 about ends that request with a clear error (the next request is served), and clients that go away
-before their KV landed leave MD's handoff tables, request rows and KV pool at their idle values."""
+before their KV landed leave MD's handoff tables, request rows and KV pool at their idle values.
+The servers are test_kv_events' (shared_cluster.PAIR: P and MD, no RLD; MD trusts one relay nothing
+serves), taken over after it."""
 
 import json
 import random
@@ -13,22 +15,18 @@ from sglang_pdd.lab.testing.pdd_client import signer_from_env
 from sglang_pdd.lab.testing.client import greedy_body, greedy_ids, pd_generate
 from sglang_pdd.lab.testing.servers import http_json
 
-from .cluster import by_state, idle_rows, start_pd, wait_until
+from .cluster import by_state, wait_until
+from .shared_cluster import PAIR, PAIR_BOOT as BOOT, cluster_for
+from .shared_cluster import PAIR_TRUSTED_RELAY as TRUSTED_RELAY  # named at MD's start-up; nothing listens there
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.shared_cluster(PAIR)]
 
-TRUSTED_RELAY = "tcp://127.0.0.1:18591"  # named at start-up; nothing listens there (no RLD in this module)
-BOOT = 8992
 NEW = 8
 
 
 @pytest.fixture(scope="module")
-def pd(server_group, tiny_model):
-    pd = start_pd(server_group, tiny_model, base_port=31200, bootstrap_port=BOOT, decode_radix_cache=True,
-                  prefill_extra=["--pdd-role", "prefill"],
-                  decode_extra=["--pdd-role", "main", "--pdd-relays", TRUSTED_RELAY, "--pdd-handoff-timeout", "10"])
-    pd.idle_rows = idle_rows(pd.decode.url)
-    return pd
+def pd(request, shared_clusters, tiny_model):
+    return cluster_for(request, shared_clusters, tiny_model)
 
 
 def free_kv(pd) -> float:
