@@ -21,6 +21,7 @@ With relays the router needs the secret RLD and MD hold (`SGLANG_PDD_SECRET` or
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import sys
 from urllib.parse import urlparse
@@ -153,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
                                                  rld_tpot_s=args.rld_tpot_ms / 1000,
                                                  ttft_slo_s=args.ttft_slo_secs),
                             bandwidth, rtt_s=rtt, links=links)
+    model_name = args.model_name or args.tokenizer_path.rstrip("/").split("/")[-1]
+    openai = openai_frontend(args, model_name)
     try:
         idle = {role: getattr(args, f"{role}_idle_timeout") for role in ("prefill", "relay", "main")}
         if any(v <= 0 for v in idle.values()) or args.request_timeout <= 0:
@@ -173,13 +176,12 @@ def main(argv: list[str] | None = None) -> int:
                                                              migration_burst=args.migration_burst,
                                                              migration_jitter_s=args.migration_jitter_s,
                                                              role_lock_s=0.0 if args.insecure_roles else 2.0),
-                       decode=lambda ids: tok.decode(ids, skip_special_tokens=True), policy=policy,
-                       kv_events=kv_events, signer=_signer(bool(relay.peers)))
+                       decode=functools.partial(tok.decode, skip_special_tokens=True), policy=policy,
+                       kv_events=kv_events, signer=_signer(bool(relay.peers)),
+                       kept_stop_ids=openai.kept_stop_ids if openai is not None else frozenset())
     except ValueError as e:
         raise SystemExit(f"sglang-pdd router: {e}") from None
     limits = ModelLimits.from_model_dir(args.tokenizer_path, args.context_length)
-    model_name = args.model_name or args.tokenizer_path.rstrip("/").split("/")[-1]
-    openai = openai_frontend(args, model_name)
     if not args.max_body_mb_in_flight >= args.max_body_mb > 0:
         raise SystemExit(f"sglang-pdd router: --max-body-mb-in-flight ({args.max_body_mb_in_flight:g}) must be at "
                          f"least --max-body-mb ({args.max_body_mb:g}), and both positive")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
@@ -37,7 +38,7 @@ class CharTokenizer:
     def encode(self, text, add_special_tokens=False):
         return [ord(c) for c in text]
 
-    def decode(self, ids, skip_special_tokens=True):
+    def decode(self, ids, skip_special_tokens=True, spaces_between_special_tokens=True):
         return "".join(map(chr, ids))
 
     def apply_chat_template(self, msgs, add_generation_prompt, tokenize):
@@ -219,15 +220,17 @@ class FakeCluster:
 async def router_client(cluster: FakeCluster, pipeline: str = "direct", idle_s: float = 30.0,
                         limits: ModelLimits = ModelLimits(vocab_size=1024, context_len=1 << 16),
                         tokenizer=None, max_body_bytes: int = 64 << 20, migration_limit: int = 0,
-                        signer=None, max_body_bytes_in_flight: int = 256 << 20):
+                        signer=None, max_body_bytes_in_flight: int = 256 << 20, openai=None):
     """A test client on a real router (Dispatcher + RouterApp) in front of `cluster`. Migration is off
-    unless asked for: most tests pin what a failure does to the client."""
+    unless asked for: most tests pin what a failure does to the client. `openai`: sglang's chat layer
+    (`router.api.openai.sglang_server.SglangOpenAI`, over `tokenizer`'s model) for /v1/chat/completions."""
     tok = tokenizer or CharTokenizer()
     cfg = DispatchConfig(pipeline, request_timeout_s=max(60.0, idle_s), bandwidth_poll_s=0, load_poll_s=0,
                          idle_timeout_s={r: idle_s for r in ("prefill", "relay", "main")},
                          migration_limit=migration_limit, health_check_s=0)
-    d = Dispatcher(*cluster.pools(), cfg, decode=lambda ids: tok.decode(ids, skip_special_tokens=True), signer=signer)
+    d = Dispatcher(*cluster.pools(), cfg, decode=functools.partial(tok.decode, skip_special_tokens=True), signer=signer,
+                   kept_stop_ids=openai.kept_stop_ids if openai is not None else frozenset())
     app = RouterApp(d, tok, "fake", limits=limits, max_body_bytes=max_body_bytes,
-                    max_body_bytes_in_flight=max_body_bytes_in_flight)
+                    max_body_bytes_in_flight=max_body_bytes_in_flight, openai=openai)
     async with TestClient(TestServer(app.app)) as client:
         yield client

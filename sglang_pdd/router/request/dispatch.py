@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from contextlib import aclosing
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator
 
 from sglang_pdd.policy.pipeline import NO_MAIN, Pipeline, PipelinePolicy, RouteInputs
 from sglang_pdd.protocol import room_plan
@@ -32,6 +32,7 @@ from sglang_pdd.router.request.failure import RequestFailed, RoleFailure
 from sglang_pdd.router.request.migration import resumed_feeds, rules as migration
 from sglang_pdd.router.request.migration.limits import MigrationLimits
 from sglang_pdd.router.request.outcome import Attempt, Outcome
+from sglang_pdd.router.request.request_text import Decode, RequestText
 from sglang_pdd.router.request.role_copies import RoleCopies
 from sglang_pdd.router.request.stitch import Delta, Stitcher
 from sglang_pdd.router.request.stop_watch import StopWatch
@@ -44,14 +45,17 @@ __all__ = ["PIPELINE_MODES", "Attempt", "DispatchConfig", "Dispatcher", "Outcome
 
 class Dispatcher:
     def __init__(self, prefill: PeerPool, relay: PeerPool, main: PeerPool, cfg: DispatchConfig,
-                 decode: Callable[[list[int]], str], policy: PipelinePolicy | None = None,
-                 kv_events: dict[str, KvEventSource] | None = None, signer: ParamsSigner | None = None):
+                 decode: Decode, policy: PipelinePolicy | None = None,
+                 kv_events: dict[str, KvEventSource] | None = None, signer: ParamsSigner | None = None,
+                 kept_stop_ids: frozenset[int] = frozenset()):
+        """`decode`: the text of token IDs with sglang's defaults, taking the options a request turns off
+        (`request_text.Decode`); `kept_stop_ids`: stop tokens a text keeps (a tool call's closer)."""
         if cfg.pipeline not in PIPELINE_MODES:
             raise ValueError(f"--pipeline must be one of {PIPELINE_MODES}, got {cfg.pipeline!r}")
         if cfg.pipeline != "direct" and not relay:
             raise ValueError(f"--pipeline {cfg.pipeline} needs at least one --relay")
         self.prefill, self.relay, self.main, self.cfg = prefill, relay, main, cfg
-        self.decode, self.policy = decode, policy
+        self.decode, self.policy, self.kept_stop_ids = decode, policy, kept_stop_ids
         self.signer = signer  # signs P's and MD's PDD parameters (protocol.request_auth); None: unsigned
         self.migration_limits = MigrationLimits(cfg.migration_rate_per_s, cfg.migration_burst, cfg.migration_jitter_s)
         # MD's cache: exact from its KV events where given (peer URL -> source), else approximate
@@ -111,9 +115,12 @@ class Dispatcher:
         a = Attempt(chosen, {"prefill": p, "relay": rld, "main": md},
                     deadline=asyncio.get_running_loop().time() + self.cfg.request_timeout_s,
                     idle_extra_s=idle_deadline.allowance_s(self.cfg.idle_per_token_s, sampling_params))
-        stitcher = Stitcher(self.decode) if rld is not None else Stitcher(self.decode).direct()
+        text = RequestText.of(self.decode, sampling_params, self.kept_stop_ids)
+        stitcher = Stitcher(text.decode, text.text_ids)
+        if rld is None:
+            stitcher.direct()
         lp = outcome.live_logprobs = []
-        watch = StopWatch(sampling_params.get("stop"), self.decode)  # a stop string across a migration
+        watch = StopWatch(sampling_params.get("stop"), text.decode)  # a stop string across a migration
         while a is not None:
             try:
                 # aclosing: the client's aclose() runs the attempt's clean-up (every role's abort) at once,

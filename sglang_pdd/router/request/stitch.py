@@ -97,6 +97,9 @@ class IncrementalText:
 @dataclass
 class Stitcher:
     decode: Callable[[list[int]], str]
+    # the tokens whose text ends the client's at a finish (`request_text.RequestText.text_ids`: without a
+    # matched stop token); None: all of them
+    text_ids: Callable[[list[int], dict], list[int]] | None = None
     ids: list[int] = field(default_factory=list)
     handoff_tokens: int | None = None
     handoff_mode: str | None = None  # one-shot or catch-up, as the relay reported it
@@ -172,7 +175,8 @@ class Stitcher:
         new = [int(t) for t in output_ids[have:]]
         self.ids.extend(new)
         final = finish_reason is not None
-        text = self._text.push(self.ids, final) if new or final else ""
+        ids = self.text_ids(self.ids, finish_reason) if final and new and self.text_ids else self.ids
+        text = self._text.push(ids, final) if new or final else ""
         if final:
             self.finish_reason = finish_reason
         return Delta(new, text, finish_reason)

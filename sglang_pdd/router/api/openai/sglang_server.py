@@ -105,6 +105,7 @@ class SglangOpenAI:
         templates.initialize_templates(tokenizer_manager=tokenizing, model_path=cfg.model_path,
                                        chat_template=cfg.chat_template, completion_template=None)
         self.cfg, self.tokenizer = cfg, tokenizing.tokenizer
+        self.kept_stop_ids = kept_stop_ids(cfg.tool_call_parser, self.tokenizer)
         self._args, self._model_config, self._templates = args, tokenizing.model_config, templates
         self.chat = OpenAIServingChat(tokenizing, templates)  # the event loop's: builds the responses
         logger.info("OpenAI chat through sglang's serving layer (tool-call parser %s, reasoning parser %s)",
@@ -119,6 +120,20 @@ class SglangOpenAI:
                                  self.cfg.served_model_name)
         tokenizing.request_logger = _NoRequestLog()
         return OpenAIServingChat(tokenizing, self._templates)
+
+
+GPT_OSS_CALL = 200012  # gpt-oss's <|call|>: a stop token that closes a tool call (sglang's detokenizer names it so)
+
+
+def kept_stop_ids(tool_call_parser: str | None, tokenizer) -> frozenset[int]:
+    """The stop tokens sglang's detokenizer leaves in a request's text for this tool parser (they close a
+    tool call: without them the call reads as cut off); the router's text does the same (`request_text`)."""
+    from sglang.srt.parser.response_template import tool_close_token_ids
+
+    kept = set(tool_close_token_ids(tool_call_parser, tokenizer))
+    if tool_call_parser == "gpt-oss":
+        kept.add(GPT_OSS_CALL)
+    return frozenset(kept)
 
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound
