@@ -99,6 +99,8 @@ HOOKS: tuple[Hook, ...] = (
     # MainDecode's handoff EXTEND: the handoff attention kernel where it applies (inert unless MD armed it)
     Hook(f"{_SRT}.layers.attention.base_attn_backend.AttentionBackend.forward",
          "attention:around_attention_forward", "AROUND"),
+    # Every role: its compiled grammars bounded (sglang keeps each one it compiled, forever)
+    Hook(f"{_SRT}.managers.scheduler.Scheduler.init_grammar_manager", "grammar:after_init_grammar_manager", "AFTER"),
 )
 
 
