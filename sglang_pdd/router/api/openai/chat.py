@@ -21,11 +21,16 @@ from sglang_pdd.router.request.first_token import FirstToken
 
 
 def role_extra(adapted) -> dict:
-    """What each role's copy is asked for besides the tokens: logprobs as sglang's server asks for them."""
-    if not adapted.return_logprob:
-        return {}
-    return {"return_logprob": True, "top_logprobs_num": int(adapted.top_logprobs_num or 0),
-            "return_text_in_logprobs": True}
+    """What each role's copy is asked for besides the tokens and sampling parameters, as sglang's chat
+    layer asks its own scheduler: logprobs, and `require_reasoning` (a reasoning model's grammar, from a
+    response format or a required tool call, starts once the thinking ends)."""
+    extra = {}
+    if adapted.return_logprob:
+        extra.update(return_logprob=True, top_logprobs_num=int(adapted.top_logprobs_num or 0),
+                     return_text_in_logprobs=True)
+    if adapted.require_reasoning:
+        extra["require_reasoning"] = True
+    return extra
 
 
 def _response(result) -> web.Response:
