@@ -357,7 +357,8 @@ def test_the_wheels_router_console_script_starts_and_serves(wheel_path, tmp_path
         log = open(tmp_path / "router.log", "w+")
         proc = subprocess.Popen([script, "--prefill", p, "8998", "--main", md, "--tokenizer", tiny_model,
                                  "--host", "127.0.0.1", "--port", str(port), "--pipeline", "direct",
-                                 "--bandwidth-poll-s", "0", "--load-poll-s", "0", "--log-level", "warning"],
+                                 "--bandwidth-poll-s", "0", "--load-poll-s", "0", "--log-level", "warning",
+                                 "--insecure-roles"],  # the fake roles have no key
                                 stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
         try:
             url = f"http://127.0.0.1:{port}"
