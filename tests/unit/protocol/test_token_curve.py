@@ -3,8 +3,6 @@ wire carry no plaintext token IDs and MD and RLD still talk; in plaintext they d
 control); a plaintext MD never reaches an encrypting relay; keys are checked at start-up."""
 
 import os
-import socket
-import threading
 
 import pytest
 import zmq
@@ -16,50 +14,11 @@ from sglang_pdd.protocol.keys import ChannelKeyError
 from sglang_pdd.protocol.messages import Ready, Tokens
 from sglang_pdd.server.roles import Role
 
+from .tcp_proxy import Proxy
 from .test_token_channel import wait_for
 
 SECRET = b"k"
 IDS = [1000 + i for i in range(64)]  # msgpack: uint16 0xcd 0x03 0xe8, 0xcd 0x03 0xe9, ...
-
-
-class Proxy:
-    """A TCP proxy that records every byte each way."""
-
-    def __init__(self, target_port: int):
-        self.srv = socket.create_server(("127.0.0.1", 0))
-        self.port = self.srv.getsockname()[1]
-        self.target = target_port
-        self.seen = bytearray()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                c, _ = self.srv.accept()
-            except OSError:
-                return
-            u = socket.create_connection(("127.0.0.1", self.target))
-            for a, b in ((c, u), (u, c)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    def _pipe(self, a, b):
-        while True:
-            try:
-                data = a.recv(65536)
-            except OSError:
-                data = b""
-            if not data:
-                for s in (a, b):
-                    try:
-                        s.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
-                return
-            self.seen += data
-            b.sendall(data)
-
-    def close(self):
-        self.srv.close()
 
 
 def exchange(relay_key, main_key):
