@@ -75,7 +75,7 @@ def _serve_router(ports: list[int], port: int, cache_tokens: int) -> None:
     d = Dispatcher(PeerPool("prefill", [Peer(url[0], bootstrap_port=1)]),
                    PeerPool("relay", [Peer(url[1], token_channel="tcp://127.0.0.1:1")]),
                    PeerPool("main", [Peer(url[2])]), DispatchConfig("relay", bandwidth_poll_s=0, load_poll_s=0),
-                   decode=lambda ids: tok.decode(ids))
+                   decode=tok.decode)
     view = d.views[url[2]]
     view.max_tokens = max(cache_tokens, 1 << 16)
     rng = random.Random(1)

@@ -16,6 +16,7 @@ a ratio that grows with the length: before issue 47, 600 tokens with 20 top logp
 from __future__ import annotations
 
 import argparse
+import functools
 import asyncio
 import multiprocessing as mp
 import os
@@ -84,7 +85,7 @@ def _serve_router(ports: list[int], port: int, model_dir: str) -> None:
     d = Dispatcher(PeerPool("prefill", [Peer(url[0], bootstrap_port=1)]), PeerPool("relay", []),
                    PeerPool("main", [Peer(url[1])]),
                    DispatchConfig("direct", bandwidth_poll_s=0, load_poll_s=0, health_check_s=0),
-                   decode=lambda ids: tok.decode(ids, skip_special_tokens=True))
+                   decode=functools.partial(tok.decode, skip_special_tokens=True))
     app = RouterApp(d, tok, "tiny", limits=ModelLimits(vocab_size=len(tok), context_len=1 << 16), openai=layer)
     web.run_app(app.app, host="127.0.0.1", port=port, print=None, access_log=None)
 

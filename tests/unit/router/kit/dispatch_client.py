@@ -22,7 +22,7 @@ def config(pipeline: str = "direct", idle_s: float = 30.0, **kw) -> DispatchConf
 async def router(cluster: "fu.FakeCluster", cfg: DispatchConfig, limits=None):
     """(client, dispatcher); `limits`: a MigrationLimits to use instead of the configured one."""
     tok = fu.CharTokenizer()
-    d = Dispatcher(*cluster.pools(), cfg, decode=lambda ids: tok.decode(ids, skip_special_tokens=True))
+    d = Dispatcher(*cluster.pools(), cfg, decode=tok.decode)
     if limits is not None:
         d.migration_limits = limits
     app = RouterApp(d, tok, "fake", limits=ModelLimits(vocab_size=1024, context_len=1 << 16))
