@@ -15,26 +15,47 @@ allowlist of MD public keys, a client whose key is not on it fails the handshake
 (`protocol.curve_zap`; counted as `curve_unknown_key`). ZMQ heartbeats and
 TCP keepalive notice a connection a middlebox dropped while idle.
 
-Restarts and reconnects: MD's DEALER takes its session as its ZMQ routing id and RLD's ROUTER hands a
-reconnecting identity over to the new connection, so RLD's replies reach an MD whose connection came
-back (a reply to a vanished identity would be lost). A restarted RLD replies under a later epoch
-(`protocol.replay`), which MD takes as a new relay process; a restarted MD has a new session.
+Which connection gets a session's replies: RLD's ROUTER names each connection itself (a routing id
+that never crosses the wire) and has no ROUTER_HANDOVER, so no connection can claim another's id
+while it lives. RLD sends a session's replies only to the connection its newest authenticated frame
+came from (the highest seq: `SessionGuard.peer_of`): a third party that reaches the port, with or
+without an id of its choosing, gets none of them, since it cannot send such a frame without the
+secret (a captured one replayed is refused). (Before, MD's DEALER took its session as its routing id,
+sent in clear in the ZMTP handshake without CURVE, and the ROUTER handed that id over to the newest
+connection that claimed it: whoever had seen it could take MD's replies.) What is left without
+CURVE: the ids are libzmq's 32-bit counter from a random start, and an id frees when its connection
+dies; a third party that claimed a dead MD connection's id (guessing it: nothing shows it) before RLD
+either tried to send there (ROUTER_MANDATORY fails, and RLD stops using it) or heard MD's next frame
+would get what RLD sent it meanwhile. CURVE with an allowlist (`protocol.curve`) admits no third
+party at all.
+
+Restarts and reconnects: MD watches its DEALERs' handshakes (a ZMQ socket monitor, among `sockets()`
+so a reconnection ends an idle wait) and after each one sends `Hello`, an authenticated frame like any
+other, so RLD learns the new connection at once. A reply RLD cannot route meanwhile (the old
+connection is gone) is held (`protocol.held_replies`) and sent when MD's next frame arrives. A
+restarted RLD replies under a later epoch (`protocol.replay`), which MD takes as a new relay process;
+a restarted MD has new sessions under later epochs. RLD refuses frames of an earlier epoch than a
+session's, and of a session it does not know whose epoch is not newer than every session it forgot
+(`SessionGuard.floor`): a replay of a session it forgot gets no further than one of a session it knows.
 """
 
 from __future__ import annotations
 
 import collections
+import errno
 import logging
 from collections.abc import Callable
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from sglang_pdd.protocol import curve, messages
 from sglang_pdd.protocol.curve_zap import ClientAllowlist
 from sglang_pdd.protocol.auth import FrameAuth
-from sglang_pdd.protocol.messages import Message, ProtocolError
+from sglang_pdd.protocol.held_replies import HeldReplies
+from sglang_pdd.protocol.messages import Hello, Message, ProtocolError
 from sglang_pdd.protocol.replay import (MAIN_TO_RELAY, RELAY_TO_MAIN, EpochWindow, SessionGuard, new_epoch,
-                                        new_session, pack_header, session_id, unpack_header)
+                                        new_session, pack_header, unpack_header)
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +66,8 @@ HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS = 10_000, 30_000
 KEEPALIVE_IDLE_S, KEEPALIVE_INTVL_S, KEEPALIVE_CNT = 60, 10, 6
 MAX_FRAMES_PER_POLL = 1024
 MAX_BYTES_PER_POLL = 32 << 20  # what one poll reads and MACs from the scheduler thread, whatever it is
-MAX_PEERS = 4096  # MD connections a relay keeps reply state for (the least recent are forgotten)
+MAX_PEERS = 4096  # MD connections a relay maps to their sessions (the least recent are forgotten)
+MAX_SESSIONS = 4096  # MD sessions a relay keeps replay and reply state for (SessionGuard)
 
 
 def configure(sock: zmq.Socket) -> None:
@@ -67,7 +89,6 @@ class _Endpoint:
         self._auth = FrameAuth(secret)
         self._vocab = vocab_size
         self._ctx = zmq.Context.instance()
-        self.epoch = new_epoch()  # this process's channel: a restarted one has a later epoch
         self.rejected: collections.Counter[str] = collections.Counter()
         self._record = record
 
@@ -86,8 +107,8 @@ class _Endpoint:
     def _decode(self, payload: bytes) -> Message:
         return messages.decode(payload, vocab_size=self._vocab)
 
-    def _seal(self, direction: int, session: int, seq: int, msg: Message) -> bytes:
-        return self._auth.seal(pack_header(direction, session, seq, self.epoch) + messages.encode(msg))
+    def _seal(self, direction: int, session: int, seq: int, epoch: int, msg: Message) -> bytes:
+        return self._auth.seal(pack_header(direction, session, seq, epoch) + messages.encode(msg))
 
 
 class RelayChannel(_Endpoint):
@@ -96,6 +117,7 @@ class RelayChannel(_Endpoint):
     def __init__(self, bind: str, secret: bytes, vocab_size: int | None = None, curve_key: bytes | None = None,
                  record: Callable[[str], None] = _ignore, curve_clients: frozenset[bytes] | None = None):
         super().__init__(secret, vocab_size, record)
+        self.epoch = new_epoch()  # this process's channel: a restarted one has a later epoch
         self._allowlist: ClientAllowlist | None = None
         if curve_key is not None and curve_clients is not None:  # only these MD keys pass the handshake
             self._ctx = zmq.Context()  # the ZAP handler serves one context: this socket's alone
@@ -106,17 +128,17 @@ class RelayChannel(_Endpoint):
         if curve_key is not None:  # the relay's CURVE secret key (protocol.curve)
             curve.serve(self.sock, curve_key)
         self.encrypted = curve_key is not None
-        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting MD keeps its identity (its session)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a connection that is gone fails (and is held)
         try:
             self.sock.bind(bind)
         except zmq.ZMQError:
             self.close()  # and the allowlist's thread and context
             raise
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._guard = SessionGuard(MAIN_TO_RELAY)
+        self._guard = SessionGuard(MAIN_TO_RELAY, MAX_SESSIONS, on_forget=self._forget)
         self._session_of: collections.OrderedDict[bytes, int] = collections.OrderedDict()  # peer -> session
         self._sent: dict[int, int] = {}  # session -> seq of the last reply
+        self.held = HeldReplies()  # replies waiting for a session's new connection
 
     def poll(self, max_frames: int = MAX_FRAMES_PER_POLL, max_bytes: int = MAX_BYTES_PER_POLL
              ) -> list[tuple[bytes, Message]]:
@@ -139,36 +161,68 @@ class RelayChannel(_Endpoint):
                 continue
             peer, frame = frames
             try:
-                direction, session, _epoch, seq, payload = self._open(frame)
+                direction, session, epoch, seq, payload = self._open(frame)
                 msg = self._decode(payload)
-                self._guard.check(direction, session, seq, peer)
+                self._guard.check(direction, session, seq, peer, epoch)
             except ProtocolError as e:
                 self._reject(e, peer.hex())
                 continue
             self._session_of[peer] = session
             self._session_of.move_to_end(peer)
             while len(self._session_of) > MAX_PEERS:
-                _, gone = self._session_of.popitem(last=False)
-                if gone not in self._session_of.values():  # the session lives on under a newer peer
-                    self._sent.pop(gone, None)
-            out.append((peer, msg))
+                self._session_of.popitem(last=False)
+            if session in self.held and self._guard.peer_of(session) is not None:  # what waited goes now
+                waiting = self.held.take(session)
+                n = self._deliver(session, waiting)
+                if n < len(waiting) and not self.held.hold(session, waiting[n:]):
+                    logger.warning("token channel: %d replies of session %#x lost", len(waiting) - n, session)
+            if not isinstance(msg, Hello):  # a Hello only names MD's connection (above)
+                out.append((peer, msg))
         return out
 
+    def _forget(self, session: int) -> None:
+        self._sent.pop(session, None)
+        self.held.forget(session)
+
     def send(self, peer: bytes, msg: Message) -> bool:
-        """Send to the connection `peer` came from: its session's latest peer (a reconnection)."""
+        """Send to `peer`'s session: to the connection its latest fresh frame came from, or, while it has
+        none (MD reconnecting), held for the next. False when the reply is lost (logged)."""
         session = self._session_of.get(peer)
-        if session is None:
+        if session is None or not self._guard.knows(session):
             logger.warning("token channel: no connection from peer %s (room %s)", peer.hex(), msg.room)
             return False
-        peer = self._guard.peer_of(session) or peer
         seq = self._sent.get(session, 0) + 1
-        try:
-            self.sock.send_multipart([peer, self._seal(RELAY_TO_MAIN, session, seq, msg)], zmq.NOBLOCK)
-            self._sent[session] = seq
-            return True
-        except (zmq.Again, zmq.ZMQError) as e:  # peer gone (ROUTER_MANDATORY) or queue full
-            logger.warning("token channel: cannot send %s for room %s: %s", type(msg).__name__, msg.room, e)
+        frame = self._seal(RELAY_TO_MAIN, session, seq, self.epoch, msg)
+        if session in self.held:  # after the replies held before it
+            ok = self.held.hold(session, [frame])
+        else:
+            ok = self._deliver(session, [frame]) == 1
+        if not ok:  # MD's queue is full (zmq.Again), or its connection is gone and the hold is full
+            logger.warning("token channel: cannot send %s for room %s (%d bytes held for reconnections)",
+                           type(msg).__name__, msg.room, self.held.bytes)
             return False
+        self._sent[session] = seq
+        return True
+
+    def _deliver(self, session: int, frames: list[bytes]) -> int:
+        """Send `frames` in order to the session's connection; from the first it cannot route (the
+        connection is gone: the session has none until MD's next fresh frame) they are held. How many
+        were sent or held: fewer when MD's queue is full or the hold is."""
+        peer = self._guard.peer_of(session)
+        for i, frame in enumerate(frames):
+            if peer is not None:
+                try:
+                    self.sock.send_multipart([peer, frame], zmq.NOBLOCK)
+                    continue
+                except zmq.ZMQError as e:
+                    if e.errno != errno.EHOSTUNREACH:  # zmq.Again: MD's queue is full
+                        return i
+                logger.info("token channel: the connection of session %#x is gone; its replies wait for the next",
+                            session)
+                self._guard.unpin(session)
+                peer = None
+            return len(frames) if self.held.hold(session, frames[i:]) else i
+        return len(frames)
 
     def close(self) -> None:
         self.sock.close(0)
@@ -178,13 +232,38 @@ class RelayChannel(_Endpoint):
 
 
 class _Connection:
-    """One DEALER to one relay: its session, the seq it last sent, the window of the relay's replies."""
+    """One DEALER to one relay: its session and epoch, the seq it last sent, the window of the relay's
+    replies, and the monitor that reports its handshakes (each one is followed by a Hello, each one the
+    relay refuses is logged)."""
 
     def __init__(self, sock: zmq.Socket):
         self.sock = sock
         self.session = new_session()
+        self.epoch = new_epoch()  # a connection opened later has a later one (the relay's floor: replay)
         self.sent = 0
         self.replies = EpochWindow()  # the relay's epoch and the window of its replies in it
+        self.monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+        self.refusals = 0  # handshakes the relay refused (CURVE: this MD's key is not on its allowlist)
+
+    def handshakes(self, addr: str) -> int:
+        """Handshakes completed since the last call (the first connection, then each reconnection)."""
+        n = 0
+        while True:
+            try:
+                event = parse_monitor_message(self.monitor.recv_multipart(zmq.NOBLOCK))["event"]
+            except zmq.Again:
+                return n
+            if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                self.refusals += 1
+                if self.refusals & (self.refusals - 1) == 0:  # the 1st, 2nd, 4th...: ZMQ retries every reconnect
+                    logger.warning("token channel: the relay at %s refused this MD's handshake (%d times): is its "
+                                   "CURVE public key on the relay's allowlist?", addr, self.refusals)
+            n += event == zmq.EVENT_HANDSHAKE_SUCCEEDED
+
+    def close(self) -> None:
+        self.sock.disable_monitor()
+        self.monitor.close(0)
+        self.sock.close(0)
 
 
 class MainChannel(_Endpoint):
@@ -202,24 +281,25 @@ class MainChannel(_Endpoint):
     def _conn(self, addr: str) -> _Connection:
         c = self._conns.get(addr)
         if c is None:
-            s = self._ctx.socket(zmq.DEALER)
+            s = self._ctx.socket(zmq.DEALER)  # no routing id: the relay's ROUTER names the connection
             configure(s)
-            c = _Connection(s)
-            s.setsockopt(zmq.ROUTING_ID, session_id(c.session))  # kept across reconnects (ROUTER_HANDOVER)
             if self._curve_key is not None:
                 curve.connect_to(s, self._curve_key, self._curve_client_key)
+            c = _Connection(s)
             try:
                 s.connect(addr)
             except zmq.ZMQError:
-                s.close(0)
+                c.close()
                 raise
             self._conns[addr] = c
             self._poller.register(s, zmq.POLLIN)
+            self._poller.register(c.monitor, zmq.POLLIN)
         return c
 
     def sockets(self) -> list[zmq.Socket]:
-        """One DEALER per relay reached so far (the scheduler's idle poller waits on them too)."""
-        return [c.sock for c in self._conns.values()]
+        """Per relay reached so far, its DEALER and that DEALER's monitor (the scheduler's idle poller waits
+        on them too: a reply, or a reconnection to greet, ends an idle wait)."""
+        return [s for c in self._conns.values() for s in (c.sock, c.monitor)]
 
     def send(self, addr: str, msg: Message) -> bool:
         try:
@@ -227,8 +307,11 @@ class MainChannel(_Endpoint):
         except zmq.ZMQError as e:  # e.g. an address zmq cannot parse: no socket is kept
             logger.warning("token channel: cannot connect to %s (room %s): %s", addr, msg.room, e)
             return False
+        return self._send(c, addr, msg)
+
+    def _send(self, c: _Connection, addr: str, msg: Message) -> bool:
         try:
-            c.sock.send(self._seal(MAIN_TO_RELAY, c.session, c.sent + 1, msg), zmq.NOBLOCK)
+            c.sock.send(self._seal(MAIN_TO_RELAY, c.session, c.sent + 1, c.epoch, msg), zmq.NOBLOCK)
             c.sent += 1
             return True
         except zmq.ZMQError as e:  # zmq.Again: the send queue is full
@@ -242,6 +325,8 @@ class MainChannel(_Endpoint):
         ready = dict(self._poller.poll(0))
         budget = max_frames
         for addr, c in self._conns.items():
+            if c.monitor in ready and c.handshakes(addr):  # (re)connected: tell the relay where MD is now
+                self._send(c, addr, Hello())
             while c.sock in ready and budget > 0:
                 try:
                     frame = c.sock.recv(zmq.NOBLOCK)
@@ -271,5 +356,5 @@ class MainChannel(_Endpoint):
 
     def close(self) -> None:
         for c in self._conns.values():
-            c.sock.close(0)
+            c.close()
         self._conns.clear()

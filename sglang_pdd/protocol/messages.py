@@ -1,5 +1,8 @@
 """Messages of the token channel between MainDecode (client) and RelayDecode (server).
 
+    MD -> RLD  Hello()            this connection is mine: sent after each (re)connection, so the relay
+                                  sends the session's replies here (`protocol.channel`); room 0, never
+                                  handed to the relay's state machine
     MD -> RLD  Watch(room)        MD admitted the request; tell me if you finish it yourself
     MD -> RLD  Ready(room, have, mode, chunk, gap, md_batch)
                                   my KV covers the prompt and `have` eager tokens: send what follows.
@@ -31,12 +34,16 @@ class ProtocolError(ValueError):
 
     def __init__(self, reason: str, detail: str):
         super().__init__(f"{reason}: {detail}")
-        self.reason = reason
+        self.reason, self.detail = reason, detail
 
 
 class _Msg(msgspec.Struct, frozen=True, tag_field="type", forbid_unknown_fields=True):
     room: int
     v: int = PROTOCOL_VERSION
+
+
+class Hello(_Msg, tag="hello"):
+    room: int = 0  # about no request
 
 
 class Watch(_Msg, tag="watch"):
@@ -73,7 +80,7 @@ class Reject(_Msg, tag="reject"):
     reason: str = ""
 
 
-Message = Union[Watch, Ready, Tokens, Finished, Reject]
+Message = Union[Hello, Watch, Ready, Tokens, Finished, Reject]
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)
 _version_probe = msgspec.msgpack.Decoder(dict)

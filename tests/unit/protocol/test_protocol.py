@@ -6,10 +6,10 @@ import pytest
 from sglang_pdd.protocol import PROTOCOL_VERSION, messages, request
 from sglang_pdd.protocol.auth import FrameAuth
 from sglang_pdd.protocol.channel import MainChannel, RelayChannel
-from sglang_pdd.protocol.messages import Finished, ProtocolError, Ready, Reject, Tokens, Watch
+from sglang_pdd.protocol.messages import Finished, Hello, ProtocolError, Ready, Reject, Tokens, Watch
 
 
-@pytest.mark.parametrize("msg", [Watch(room=1), Ready(room=2**63 - 1), Tokens(room=3, start=0, ids=[1, 2, 3]),
+@pytest.mark.parametrize("msg", [Hello(), Watch(room=1), Ready(room=2**63 - 1), Tokens(room=3, start=0, ids=[1, 2, 3]),
                                  Finished(room=4, reason="length", n_tokens=9), Reject(room=5, reason="unknown room")])
 def test_messages_round_trip_by_name(msg):
     assert messages.decode(messages.encode(msg)) == msg

@@ -12,8 +12,8 @@ from sglang_pdd.protocol import channel as channel_mod
 from sglang_pdd.protocol.auth import FrameAuth
 from sglang_pdd.protocol.channel import MAX_FRAME, MainChannel, RelayChannel
 from sglang_pdd.protocol.messages import MAX_TOKENS_PER_MESSAGE, Ready, Tokens, Watch, encode
-from sglang_pdd.protocol.replay import (RELAY_TO_MAIN, EpochWindow, ReplayWindow, SessionGuard, pack_header,
-                                        session_id, unpack_header)
+from sglang_pdd.protocol.replay import (FRAME_VERSION, RELAY_TO_MAIN, EpochWindow, ReplayWindow, SessionGuard,
+                                        pack_header, unpack_header)
 from sglang_pdd.protocol.messages import ProtocolError
 
 SECRET = b"k"
@@ -60,11 +60,11 @@ def pair():
 
 def captured(main, relay, msg):
     """Send `msg` from MD and return the frame as it crossed the wire (what a sniffer has)."""
-    (sock,) = main.sockets() or [main._conn(relay.address).sock]
+    conn = main._conn(relay.address)
+    sock = conn.sock
     frames = []
     real_send = sock.send
     sock_send = lambda data, flags=0: (frames.append(bytes(data)), real_send(data, flags))[1]  # noqa: E731
-    conn = main._conns[relay.address]
     conn.sock = type("Tap", (), {"send": staticmethod(sock_send)})()
     try:
         assert main.send(relay.address, msg)
@@ -167,7 +167,7 @@ def test_a_flood_of_bad_frames_costs_one_poll_at_most_its_frame_budget(pair):
 def test_every_socket_has_frame_bounds_heartbeats_and_keepalive(pair):
     relay, main, _ = pair
     main.send(relay.address, Watch(room=1))
-    for sock in (relay.sock, *main.sockets()):
+    for sock in (relay.sock, *(c.sock for c in main._conns.values())):
         assert sock.getsockopt(zmq.MAXMSGSIZE) == MAX_FRAME
         assert sock.getsockopt(zmq.RCVHWM) == channel_mod.RCV_HWM
         assert sock.getsockopt(zmq.HEARTBEAT_IVL) > 0 and sock.getsockopt(zmq.HEARTBEAT_TIMEOUT) > 0
@@ -201,7 +201,7 @@ def test_a_main_that_reconnects_keeps_its_session_and_gets_its_replies(pair):
     assert wait_for(main.poll) == [(relay.address, Tokens(room=1, ids=[1]))]
     conn = main._conns[relay.address]
     # the same session over a new connection (a new ZMQ peer), as after a reconnect
-    fresh = FrameAuth(SECRET).seal(pack_header(1, conn.session, conn.sent + 1, main.epoch) + encode(Watch(room=2)))
+    fresh = FrameAuth(SECRET).seal(pack_header(1, conn.session, conn.sent + 1, conn.epoch) + encode(Watch(room=2)))
     moved = dealer()
     moved.send(fresh)
     ((new_peer, msg),) = wait_for(relay.poll)
@@ -240,7 +240,7 @@ def test_a_restarted_relay_is_served_by_the_same_main_and_its_predecessors_frame
         ((peer, _),) = wait_for(relay.poll)
         assert relay.send(peer, Tokens(room=1, ids=[1]))
         assert wait_for(main.poll) == [(address, Tokens(room=1, ids=[1]))]
-        old = relay._seal(RELAY_TO_MAIN, main._conns[address].session, 1, Tokens(room=1, ids=[1]))  # as sniffed
+        old = relay._seal(RELAY_TO_MAIN, main._conns[address].session, 1, relay.epoch, Tokens(room=1, ids=[1]))
         if epochs != "per process":
             monkeypatch.setattr(channel_mod, "new_epoch", lambda e=relay.epoch: e)
         relay.close()
@@ -276,29 +276,6 @@ def test_a_restarted_relay_is_served_by_the_same_main_and_its_predecessors_frame
             relay.close()
 
 
-def test_replies_follow_a_main_whose_connection_came_back_without_it_sending(pair):
-    """MD's DEALER reconnects (a new TCP connection, the same routing id): RLD's ROUTER hands the identity
-    over, so a reply RLD sends before MD says anything reaches the new connection (issue 31: the final
-    Tokens frame was lost on the old identity)."""
-    relay, main, _ = pair
-    main.send(relay.address, Watch(room=1))
-    ((peer, _),) = wait_for(relay.poll)
-    conn = main._conns[relay.address]
-    assert peer == session_id(conn.session)
-    back = zmq.Context.instance().socket(zmq.DEALER)
-    back.setsockopt(zmq.LINGER, 0)
-    back.setsockopt(zmq.ROUTING_ID, session_id(conn.session))
-    back.connect(relay.address)
-    try:
-        time.sleep(0.3)  # the handshake: the ROUTER hands the identity to the new connection
-        assert relay.send(peer, Tokens(room=1, ids=[3]))
-        assert back.poll(5000)
-        _, session, epoch, seq, _ = unpack_header(FrameAuth(SECRET).open(back.recv()))
-        assert (session, epoch, seq) == (conn.session, relay.epoch, 1)
-    finally:
-        back.close(0)
-
-
 def test_forgetting_an_old_peer_keeps_a_live_sessions_reply_sequence(pair, monkeypatch):
     relay, main, dealer = pair
     monkeypatch.setattr(channel_mod, "MAX_PEERS", 1)
@@ -308,7 +285,7 @@ def test_forgetting_an_old_peer_keeps_a_live_sessions_reply_sequence(pair, monke
     assert wait_for(main.poll)
     conn = main._conns[relay.address]
     moved = dealer()  # the same session from another peer: the old peer is forgotten (MAX_PEERS 1)
-    moved.send(FrameAuth(SECRET).seal(pack_header(1, conn.session, conn.sent + 1, main.epoch) + encode(Watch(room=2))))
+    moved.send(FrameAuth(SECRET).seal(pack_header(1, conn.session, conn.sent + 1, conn.epoch) + encode(Watch(room=2))))
     ((new_peer, _),) = wait_for(relay.poll)
     assert relay.send(new_peer, Tokens(room=2, ids=[2]))
     assert moved.poll(5000)
@@ -327,3 +304,15 @@ def test_one_poll_reads_at_most_its_byte_budget(pair):
     assert relay.rejected["bad_mac"] <= 5
     settle(relay.poll)
     assert relay.rejected["bad_mac"] == 20
+
+
+def test_a_frame_of_the_previous_version_is_refused_naming_both(pair):
+    """Version 3 frames came from MDs that took their session as their routing id and never said Hello:
+    a relay of this version would send their replies nowhere after a reconnection, so it refuses them."""
+    relay, _, dealer = pair
+    assert FRAME_VERSION == 4
+    old = bytes([3]) + pack_header(1, 42, 1, 7)[1:]
+    dealer().send(FrameAuth(SECRET).seal(old + encode(Watch(room=1))))
+    assert settle(relay.poll) == [] and relay.rejected["version"] == 1
+    with pytest.raises(ProtocolError, match="frame version 3, this side speaks 4"):
+        unpack_header(old)

@@ -83,7 +83,7 @@ def test_a_trusted_relay_is_admitted_and_watched(main):
     req = relayed("b", TRUSTED)
     main.admit(req)
     assert req.error() is None and main.handoff.is_relayed(req)
-    assert len(main.channel.sockets()) == 1
+    assert len(main.channel.sockets()) == 2  # one relay: its DEALER and the monitor of its handshakes
 
 
 def test_a_trusted_relay_that_cannot_be_connected_ends_that_request(main):
