@@ -104,9 +104,16 @@ done
 if [[ $WAN_QDISC == netem ]]; then say "WAN: netem, ${WAN_MBIT} Mbit/s and ${WAN_DELAY_MS} ms each way"
 else say "WAN: tbf, ${WAN_MBIT} Mbit/s each way, no added delay (no sch_netem in this kernel?)"; fi
 
-# 3. The token channel's secret, as a file only RLD and MD read (never on a command line).
-SECRET_FILE=$WORK/secret
-if [[ $DRY != 1 ]]; then (umask 077; head -c 32 /dev/urandom | base64 >"$SECRET_FILE"); fi
+# 3. The keys, as files only the processes read (never on a command line), fresh on every run
+#    (python -m sglang_pdd.protocol.keygen: every key a deployment needs):
+#    secret             the token channel's HMAC and the signed PDD parameters: every role and the router
+#    role-api-key(.yaml) the roles' sglang --api-key (as sglang's --config file) and the router's copy of it:
+#                       the roles take calls only with it, and the router refuses a role that answers without
+#    relay.key/.pub, main.key, curve-clients   the token channel's CURVE encryption: RLD's secret key and the
+#                       MD keys it admits, MD's own key and RLD's public one (the channel crosses the WAN)
+KEYS=$WORK/keys
+run "$PY" -m sglang_pdd.protocol.keygen "$KEYS" --force
+SECRET_FILE=$KEYS/secret
 
 # 4. The servers. sglang on CPU needs these flags and variables (docs/cpu.md); the --pdd-* flags make
 #    the roles. --disable-overlap-schedule: prefill's overlap path needs CUDA (RLD and MD could overlap).
@@ -128,15 +135,18 @@ server() {  # server NAME NS HOST_IP PORT NCCL_PORT EXTRA_ENV FLAGS...
     "$PY" -m sglang.launch_server --model-path "$MODEL" --tokenizer-path "$MODEL" \
     --host "$ip" --port "$port" --nccl-port "$nccl" "${CPU_FLAGS[@]}" "$@"
 }
+ROLE_KEY=(--config "$KEYS/role-api-key.yaml")  # sglang's --api-key, read from the file (off the command line)
 server prefill "$NS_A" "$IP_A" "$P_PORT" 31000 "SGLANG_PDD_SECRET_FILE=$SECRET_FILE" \
-  --disaggregation-mode prefill --pdd-role prefill --pdd-packed-wan plain
-server relay "$NS_A" "$IP_A" "$RLD_PORT" 31001 "SGLANG_PDD_SECRET_FILE=$SECRET_FILE" \
-  --disaggregation-mode decode --disaggregation-decode-retraction-backup cpu_tensor \
-  --pdd-role relay --pdd-token-port "$TOKEN_PORT" --tp-size 1 --incremental-streaming-output
-server main "$NS_B" "$IP_B" "$MD_PORT" 31002 "SGLANG_PDD_SECRET_FILE=$SECRET_FILE" \
-  --disaggregation-mode decode --disaggregation-decode-retraction-backup cpu_tensor \
+  "${ROLE_KEY[@]}" --disaggregation-mode prefill --pdd-role prefill --pdd-packed-wan plain
+server relay "$NS_A" "$IP_A" "$RLD_PORT" 31001 "SGLANG_PDD_SECRET_FILE=$SECRET_FILE \
+SGLANG_PDD_TOKEN_CURVE_KEY_FILE=$KEYS/relay.key SGLANG_PDD_TOKEN_CURVE_CLIENTS_FILE=$KEYS/curve-clients" \
+  "${ROLE_KEY[@]}" --disaggregation-mode decode --disaggregation-decode-retraction-backup cpu_tensor \
+  --pdd-role relay --pdd-token-port "$TOKEN_PORT" --pdd-token-curve on --tp-size 1 --incremental-streaming-output
+server main "$NS_B" "$IP_B" "$MD_PORT" 31002 "SGLANG_PDD_SECRET_FILE=$SECRET_FILE \
+SGLANG_PDD_TOKEN_CURVE_KEY_FILE=$KEYS/relay.pub SGLANG_PDD_TOKEN_CURVE_CLIENT_KEY_FILE=$KEYS/main.key" \
+  "${ROLE_KEY[@]}" --disaggregation-mode decode --disaggregation-decode-retraction-backup cpu_tensor \
   --disaggregation-decode-enable-radix-cache --pdd-role main --pdd-packed-wan plain --tp-size 1 \
-  --incremental-streaming-output \
+  --incremental-streaming-output --pdd-token-curve on \
   --pdd-relays "tcp://$IP_A:$TOKEN_PORT" \
   --kv-events-config '{"publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}'
 wait_healthy "$NS_A" "http://$IP_A:$P_PORT"
@@ -144,11 +154,13 @@ wait_healthy "$NS_A" "http://$IP_A:$RLD_PORT"
 wait_healthy "$NS_B" "http://$IP_B:$MD_PORT"
 
 # 5. The PDD router, in cluster A next to P and RLD, with the WAN's figures as its first estimate.
-# It signs the PDD parameters it gives P and MD with the same secret (they refuse unsigned ones).
+# It signs the PDD parameters it gives P and MD with the same secret (they refuse unsigned ones), and calls
+# every role with the role key (it refuses to start without one, and refuses a role that answers without it).
 # --pipeline relay sends every request P -> RLD -> MD; with auto the policy sends a request P -> MD when
 # MD's missed KV crosses the WAN within --wan-budget-s (0.5 s), as this short prompt's would (16 tokens,
 # 0.26 MB of KV).
-start router ip netns exec "$NS_A" env "SGLANG_PDD_SECRET_FILE=$SECRET_FILE" "$PY" -m sglang_pdd.router \
+start router ip netns exec "$NS_A" env "SGLANG_PDD_SECRET_FILE=$SECRET_FILE" \
+  "SGLANG_PDD_ROLE_API_KEY_FILE=$KEYS/role-api-key" "$PY" -m sglang_pdd.router \
   --prefill "http://$IP_A:$P_PORT" "$BOOTSTRAP_PORT" --relay "http://$IP_A:$RLD_PORT" "$TOKEN_PORT" \
   --main "http://$IP_B:$MD_PORT" --main-kv-events "tcp://$IP_B:5557" "tcp://$IP_B:5558" \
   --tokenizer "$MODEL" --model-name tiny --host "$IP_A" --port "$ROUTER_PORT" --pipeline "$PIPELINE" \

@@ -1,6 +1,6 @@
 # shellcheck shell=bash
-# Sourced by the role scripts: settings, the token-channel secret, the KV transport, and the final exec
-# (with PDD_DRY_RUN=1 the command and its environment are printed instead of run).
+# Sourced by the role scripts: settings, the keys (as files the processes read), the KV transport, and the
+# final exec (with PDD_DRY_RUN=1 the command and its environment are printed instead of run).
 
 set -euo pipefail
 
@@ -45,7 +45,7 @@ fi
 : "${PDD_IB_DEVICE:=}"
 : "${PDD_MC_GID_INDEX:=}"
 : "${PDD_MC_IB_TC:=}"
-: "${PDD_SECRET_FILE:=/etc/sglang-pdd/secret}"
+: "${PDD_KEY_DIR:=/etc/sglang-pdd}"
 if [[ $PDD_KV_TRANSPORT == tcp ]]; then : "${PDD_PACKED_WAN:=plain}"; else : "${PDD_PACKED_WAN:=off}"; fi
 : "${PDD_HANDOFF_MODE:=adaptive}"
 : "${PDD_HANDOFF_TIMEOUT_S:=60}"
@@ -102,19 +102,59 @@ pdd_transport() {
   esac
 }
 
-# RLD and MD authenticate the token channel with a shared secret; the router signs the PDD parameters
-# it gives P and MD with it, and P and MD verify them. The processes read it from the file
-# (SGLANG_PDD_SECRET_FILE); it is never on a command line and never in this script's variables.
-pdd_secret() {
-  if [[ -n ${SGLANG_PDD_SECRET:-} ]]; then
-    pdd_die "SGLANG_PDD_SECRET is set in the environment; these scripts read the secret from PDD_SECRET_FILE"
-  fi
-  [[ -r $PDD_SECRET_FILE && -s $PDD_SECRET_FILE ]] \
-    || pdd_die "PDD_SECRET_FILE=$PDD_SECRET_FILE is missing, empty or unreadable (see pdd.env.example)"
+# The keys are files in PDD_KEY_DIR, as `python -m sglang_pdd.protocol.keygen` writes them (README, "Keys"):
+# the processes read them; no key is ever on a command line or in this script's variables. A secret must
+# be readable by its owner only; a public key (relay.pub, curve-clients) only has to be there.
+pdd_key_file() {  # NAME [public]: PDD_KEY_PATH=$PDD_KEY_DIR/NAME, or exit naming what is wrong
+  PDD_KEY_PATH=$PDD_KEY_DIR/$1
+  [[ -r $PDD_KEY_PATH && -s $PDD_KEY_PATH ]] \
+    || pdd_die "$PDD_KEY_PATH is missing, empty or unreadable (PDD_KEY_DIR; README, \"Keys\")"
+  [[ ${2:-} == public ]] && return 0
   local mode
-  mode=$(stat -c %a "$PDD_SECRET_FILE")
-  [[ $mode =~ ^[0-7]?[0-7]00$ ]] || pdd_die "PDD_SECRET_FILE=$PDD_SECRET_FILE has mode $mode: make it 0600 or 0400"
-  export SGLANG_PDD_SECRET_FILE=$PDD_SECRET_FILE
+  mode=$(stat -c %a "$PDD_KEY_PATH")
+  [[ $mode =~ ^[0-7]?[0-7]00$ ]] || pdd_die "$PDD_KEY_PATH has mode $mode: make it 0600 or 0400"
+}
+
+# Every role and the router: the shared secret. RLD and MD authenticate the token channel with it; the
+# router signs the PDD parameters it gives P and MD with it, and P and MD verify them.
+pdd_secret() {
+  local v
+  for v in SGLANG_PDD_SECRET SGLANG_PDD_ROLE_API_KEY; do
+    if [[ -n ${!v:-} ]]; then pdd_die "$v is set in the environment; these scripts read the keys from PDD_KEY_DIR"; fi
+  done
+  pdd_key_file secret
+  export SGLANG_PDD_SECRET_FILE=$PDD_KEY_PATH
+}
+
+# P, RLD and MD: sglang's --api-key, from its --config file (off the command line). Without the key their
+# whole API (abort every request, flush the cache, load other weights) is open to whoever reaches the port.
+pdd_role_key() {
+  pdd_key_file role-api-key.yaml
+  PDD_ARGS+=(--config "$PDD_KEY_PATH")
+}
+
+# The router: the same key, which it sends to every role (it refuses to start without one, and refuses a
+# role that answers without it).
+pdd_router_key() {
+  pdd_key_file role-api-key
+  export SGLANG_PDD_ROLE_API_KEY_FILE=$PDD_KEY_PATH
+}
+
+# RLD and MD: the token channel (every relayed request's output tokens, across the WAN) encrypted with CURVE.
+# RLD holds its secret key and the MD public keys it admits, MD the relay's public key and its own secret key.
+pdd_token_curve() {  # relay | main
+  case $1 in
+    relay)
+      pdd_key_file relay.key && export SGLANG_PDD_TOKEN_CURVE_KEY_FILE=$PDD_KEY_PATH
+      pdd_key_file curve-clients public && export SGLANG_PDD_TOKEN_CURVE_CLIENTS_FILE=$PDD_KEY_PATH
+      ;;
+    main)
+      pdd_key_file relay.pub public && export SGLANG_PDD_TOKEN_CURVE_KEY_FILE=$PDD_KEY_PATH
+      pdd_key_file main.key && export SGLANG_PDD_TOKEN_CURVE_CLIENT_KEY_FILE=$PDD_KEY_PATH
+      ;;
+    *) pdd_die "pdd_token_curve relay|main, got '$1'" ;;
+  esac
+  PDD_ARGS+=(--pdd-token-curve on)  # refuse to start without the keys, rather than fall back to clear text
 }
 
 # Extra flags of one role (a space-separated string) appended to PDD_ARGS.
@@ -129,8 +169,9 @@ pdd_run() {
   export PYTHONUNBUFFERED=1
   if [[ $PDD_DRY_RUN == 1 ]]; then
     local v
-    for v in CUDA_VISIBLE_DEVICES SGLANG_HOST_IP SGLANG_PDD_SECRET_FILE MC_TCP_ENABLE_CONNECTION_POOL \
-      MC_GID_INDEX MC_IB_TC; do
+    for v in CUDA_VISIBLE_DEVICES SGLANG_HOST_IP SGLANG_PDD_SECRET_FILE SGLANG_PDD_ROLE_API_KEY_FILE \
+      SGLANG_PDD_TOKEN_CURVE_KEY_FILE SGLANG_PDD_TOKEN_CURVE_CLIENTS_FILE SGLANG_PDD_TOKEN_CURVE_CLIENT_KEY_FILE \
+      MC_TCP_ENABLE_CONNECTION_POOL MC_GID_INDEX MC_IB_TC; do
       if [[ -n ${!v:-} ]]; then printf 'env %s=%q\n' "$v" "${!v}"; fi
     done
     printf 'exec'

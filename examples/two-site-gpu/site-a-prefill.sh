@@ -8,6 +8,7 @@ pdd_secret
 
 export CUDA_VISIBLE_DEVICES=$PDD_PREFILL_GPUS SGLANG_HOST_IP=$PDD_PREFILL_HOST
 pdd_server_args
+pdd_role_key
 pdd_transport
 packed=$PDD_PACKED_WAN
 if (( PDD_PREFILL_TP > 1 )); then packed=off; fi

@@ -10,6 +10,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 export CUDA_VISIBLE_DEVICES=$PDD_RELAY_GPUS SGLANG_HOST_IP=$PDD_RELAY_HOST
 pdd_secret
 pdd_server_args
+pdd_role_key
+pdd_token_curve relay
 pdd_decode_args
 pdd_transport
 PDD_ARGS+=(

@@ -6,6 +6,7 @@
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 pdd_secret
+pdd_router_key
 
 PDD_ARGS=(
   --prefill "http://$PDD_PREFILL_HOST:$PDD_PREFILL_PORT" "$PDD_BOOTSTRAP_PORT"

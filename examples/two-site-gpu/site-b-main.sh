@@ -13,6 +13,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 export CUDA_VISIBLE_DEVICES=$PDD_MAIN_GPUS SGLANG_HOST_IP=$PDD_MAIN_HOST
 pdd_secret
 pdd_server_args
+pdd_role_key
+pdd_token_curve main
 pdd_decode_args
 pdd_transport
 packed=$PDD_PACKED_WAN

@@ -28,12 +28,17 @@ SCRIPT = os.path.join(EXAMPLES, "cpu-two-dc", "run.sh")
 
 @pytest.fixture(scope="module")
 def plan(tmp_path_factory):
-    """{"run": [argv...], "start": {name: (netns, env, argv)}} of the dry run."""
+    """{"run": [argv...], "start": {name: (netns, env, argv)}, "keys": the key directory} of the dry run
+    (which only prints its keygen: the keys are made here, so that the servers' flags can be checked
+    against them)."""
+    from sglang_pdd.protocol import keygen
+
     work = tmp_path_factory.mktemp("work")
+    keygen.write(str(work / "keys"), ["main"])
     r = subprocess.run(["bash", SCRIPT], capture_output=True, text=True, timeout=60,
                        env={"PATH": os.environ["PATH"], "PDD_DRY_RUN": "1", "PDD_WORK": str(work)})
     assert r.returncode == 0, r.stderr
-    out = {"run": [], "start": {}}
+    out = {"run": [], "start": {}, "keys": work / "keys"}
     for line in r.stdout.splitlines():
         if not line.strip():
             continue
@@ -63,8 +68,8 @@ def opt(argv, flag, n=1):
 
 def test_servers_parse_and_take_their_roles(plan, server_parser):
     for role in ("prefill", "relay", "main"):
-        _, _, argv = plan["start"][role]
-        ns, cfg = parse_server(server_parser, role, argv)
+        _, env, argv = plan["start"][role]
+        ns, cfg = parse_server(server_parser, role, argv, env)
         assert ns.device == "cpu" and ns.disaggregation_transfer_backend == "mooncake_tcp"
         if role != "prefill":
             assert ns.tp_size == 1 and ns.disable_overlap_schedule
@@ -114,8 +119,36 @@ def test_the_sites_and_the_router(plan):
 def test_the_secret_is_a_file_for_every_role_and_the_router(plan):
     assert set(plan["start"]) >= {"prefill", "relay", "main", "router"}
     for role, (_, env, argv) in plan["start"].items():
-        assert "SGLANG_PDD_SECRET_FILE" in env, role  # the router signs P's and MD's PDD parameters
+        assert env["SGLANG_PDD_SECRET_FILE"] == str(plan["keys"] / "secret"), role  # the router signs P's and MD's
         assert "SGLANG_PDD_SECRET" not in env
+    keygen = [a for a in plan["run"] if a[1:3] == ["-m", "sglang_pdd.protocol.keygen"]]
+    assert keygen == [[keygen[0][0], "-m", "sglang_pdd.protocol.keygen", str(plan["keys"]), "--force"]]
+
+
+def test_the_roles_are_locked_and_the_token_channel_encrypted(plan, server_parser):
+    """Every role runs sglang's --api-key (from --config) with the key the router holds; RLD and MD encrypt
+    the token channel (it crosses the WAN) with keygen's CURVE keys, --pdd-token-curve on."""
+    import zmq
+
+    from sglang_pdd.protocol import keys
+    from sglang_pdd.router.peers import role_auth
+
+    from .server_argv import role_environment
+
+    _, router_env, router = plan["start"]["router"]
+    key = role_auth.load(router_env)
+    assert key and "--insecure-roles" not in router
+    for role in ("prefill", "relay", "main"):
+        _, env, argv = plan["start"][role]
+        assert parse_server(server_parser, role, argv, env)[0].api_key == key, role
+    curve = {}
+    for role in ("relay", "main"):
+        _, env, argv = plan["start"][role]
+        assert opt(argv, "--pdd-token-curve") == "on", role
+        with role_environment(env):
+            curve[role] = keys.curve_key("on"), (keys.curve_clients("on") if role == "relay" else
+                                                 keys.curve_client_key("on"))
+    assert zmq.curve_public(curve["relay"][0]) == curve["main"][0] and zmq.curve_public(curve["main"][1]) in curve["relay"][1]
 
 
 def test_the_script_is_valid_bash():
@@ -131,7 +164,7 @@ def _leftovers(work, names) -> tuple[set[str], list[int], bool]:
     """The script's namespaces still there, the PIDs of processes it started still running (every server
     and the router carry its secret file in their environment), and whether its WAN veth is still here."""
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
-    mark = f"SGLANG_PDD_SECRET_FILE={work}/secret".encode()
+    mark = f"SGLANG_PDD_SECRET_FILE={work}/keys/secret".encode()
     pids = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -191,7 +224,8 @@ def test_the_script_runs_end_to_end(plan, tmp_path, tiny_model, reference_server
     assert k >= 1 and n_md >= 1 and k + n_md == body["max_tokens"], m[0]  # RLD decoded k, MD the rest
     assert json.loads(m["text"]) == text
     assert re.search(r"^WAN: (netem|tbf), ", out, re.M), out
-    assert (work / "secret").stat().st_mode & 0o077 == 0  # the token channel's secret: the owner's only
+    for name in ("secret", "role-api-key", "role-api-key.yaml", "relay.key", "main.key"):  # the owner's only
+        assert (work / "keys" / name).stat().st_mode & 0o077 == 0, name
 
     from sglang_pdd.lab.testing.servers import http_json
 

@@ -30,28 +30,44 @@ FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
 OTHER_TOOLS = {"--help", "--no-deps"}  # pip's, every tool's
 
 
-def commands(path: str) -> list[tuple[str, list[str]]]:
-    """(what, argv after the command) of every command line in the file's fenced blocks; `...` and
+ASSIGN = re.compile(r"^[A-Z_][A-Z0-9_]*=")
+
+
+def commands_with_env(path: str) -> list[tuple[str, list[str], dict[str, str]]]:
+    """(what, argv after the command, the environment the block gives it: `export VAR=value` lines before
+    it and `VAR=value` words in front of it) of every command line in the file's fenced blocks; `...` and
     `[optional]` placeholders dropped, continuation lines joined, comments cut."""
     with open(path) as f:
         text = f.read()
     out = []
     for block in FENCE.findall(text):
+        exported: dict[str, str] = {}
         for line in re.sub(r"\\\n\s*", " ", block).splitlines():
             try:
                 words = shlex.split(line, comments=True)
             except ValueError:
                 continue
             words = [w for w in words if w != "..."]
+            if words[:1] == ["export"]:
+                exported.update(w.split("=", 1) for w in words[1:] if ASSIGN.match(w))
+                continue
+            env = dict(exported)
             for i, w in enumerate(words):
+                if ASSIGN.match(w) and all(ASSIGN.match(x) for x in words[:i]):
+                    env.update([w.split("=", 1)])
                 if w == "-m" and i + 1 < len(words) and words[i + 1] in (
                         "sglang.launch_server", "sglang_pdd.router", "sglang.bench_serving"):
-                    out.append((words[i + 1], words[i + 2:]))
+                    out.append((words[i + 1], words[i + 2:], env))
                     break
                 if os.path.basename(w) == "sglang-pdd-router":
-                    out.append(("sglang_pdd.router", words[i + 1:]))
+                    out.append(("sglang_pdd.router", words[i + 1:], env))
                     break
     return out
+
+
+def commands(path: str) -> list[tuple[str, list[str]]]:
+    """(what, argv after the command) of every command line in the file's fenced blocks."""
+    return [(what, argv) for what, argv, _ in commands_with_env(path)]
 
 
 def all_commands() -> list[tuple[str, str, list[str]]]:
@@ -101,20 +117,45 @@ def test_the_docs_have_the_commands_this_checks():
     assert roles == {"prefill", "relay", "main"}
 
 
-def test_every_server_command_parses_and_decode_roles_stream_incrementally(server_parser):
+def test_every_server_command_parses_and_decode_roles_stream_incrementally(server_parser, tmp_path):
+    """Each starts, as far as the plugin's start-up checks go, with the keys its block gives it (the files
+    `protocol.keygen` writes, by name): a relay other hosts reach without its CURVE keys would not."""
+    from sglang_pdd.protocol import keygen
+
+    from .server_argv import role_environment
+
+    keygen.write(str(tmp_path), ["main"])
     n = 0
-    for path, what, argv in all_commands():
-        if what != "sglang.launch_server":
-            continue
-        try:
-            ns = server_parser.parse_args(argv)
-        except (argparse.ArgumentError, SystemExit) as e:  # an unknown flag exits even so
-            pytest.fail(f"{path}: {shlex.join(argv)}: {e}")
-        cfg = config.from_cli_args(ns, ns.disaggregation_mode, ns.disaggregation_decode_enable_radix_cache)
-        if cfg.role is not None and cfg.role.value in ("relay", "main"):
-            assert ns.incremental_streaming_output, f"{path}: {cfg.role.value} without --incremental-streaming-output"
-        n += 1
+    for path in DOCS:
+        for what, argv, env in commands_with_env(path):
+            if what != "sglang.launch_server":
+                continue
+            path = os.path.relpath(path, REPO)
+            try:
+                ns = server_parser.parse_args(argv)
+            except (argparse.ArgumentError, SystemExit) as e:  # an unknown flag exits even so
+                pytest.fail(f"{path}: {shlex.join(argv)}: {e}")
+            keys = {k: str(tmp_path / os.path.basename(v)) for k, v in env.items() if k.startswith("SGLANG_PDD_")}
+            if "SGLANG_PDD_SECRET_FILE" not in keys:  # a block that names no secret: the reader's own exported one
+                keys["SGLANG_PDD_SECRET"] = "a-secret-of-16-bytes-or-more"
+            if "--config" in argv:  # sglang's config file: one keygen wrote, by its name
+                assert os.path.basename(argv[argv.index("--config") + 1]) in keygen.files(["main"]), path
+            with role_environment(keys):
+                try:
+                    cfg = config.from_cli_args(ns, ns.disaggregation_mode, ns.disaggregation_decode_enable_radix_cache)
+                except config.PddConfigError as e:
+                    pytest.fail(f"{path}: {shlex.join(argv)} would not start: {e}")
+            n += 1
+            if cfg.role is not None and cfg.role.value in ("relay", "main"):
+                assert ns.incremental_streaming_output, f"{path}: {cfg.role.value} without --incremental-streaming-output"
     assert n >= 3
+    # the control: the README's relay without the CURVE keys its line gives it would not start
+    (argv,) = [a for w, a, _ in commands_with_env(DOCS[0]) if w == "sglang.launch_server"
+               and "--pdd-role" in a and a[a.index("--pdd-role") + 1] == "relay"]
+    ns = server_parser.parse_args(argv)
+    with role_environment({"SGLANG_PDD_SECRET": "a-secret-of-16-bytes-or-more"}):
+        with pytest.raises(config.PddConfigError, match="--pdd-token-curve on: no key"):
+            config.from_cli_args(ns, ns.disaggregation_mode, ns.disaggregation_decode_enable_radix_cache)
 
 
 def test_every_router_command_parses():
