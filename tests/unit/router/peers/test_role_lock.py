@@ -174,3 +174,20 @@ def test_the_router_refuses_to_start_without_a_role_key(monkeypatch):
     monkeypatch.setenv(role_auth.ENV_KEY, KEY)
     with pytest.raises(PastTheKeyCheck):
         main(ARGV)
+
+
+def test_readiness_every_server_of_a_role_refused_is_not_ready_one_of_two_is():
+    from sglang_pdd.router.peers.readiness import readiness
+
+    def pools(refused_relays: int):
+        p, m = PeerPool("prefill", [Peer("http://p")]), PeerPool("main", [Peer("http://m")])
+        r = PeerPool("relay", [Peer("http://r0"), Peer("http://r1")])
+        for peer in r.peers[:refused_relays]:
+            peer.health.refused = "answers /model_info without the role key (HTTP 200)"
+        return p, r, m
+
+    r = readiness(*pools(2), migration_limit=1)
+    assert not r.ready and r.pipelines == [] and "every relay server is refused service" in r.missing
+    assert r.out["relay"] == ["http://r0", "http://r1"]
+    r = readiness(*pools(1), migration_limit=1)  # the control: the other relay serves
+    assert r.ready and r.out["relay"] == ["http://r0"] and "P->RLD->MD" in r.pipelines
