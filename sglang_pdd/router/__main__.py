@@ -37,6 +37,7 @@ from sglang_pdd.router.api.admission import ModelLimits
 from sglang_pdd.router.app import RouterApp
 from sglang_pdd.router.api.client_auth import keys_from
 from sglang_pdd.router.api.front_door import FrontDoorConfig
+from sglang_pdd.router.api.grammar_guard import GrammarBounds
 from sglang_pdd.router.request.dispatch import DispatchConfig, Dispatcher
 from sglang_pdd.router.peers.pool import Peer, PeerPool
 from sglang_pdd.router import flags
@@ -189,7 +190,13 @@ def main(argv: list[str] | None = None) -> int:
                     limits=limits, max_body_bytes=int(args.max_body_mb * (1 << 20)), door=door,
                     api_keys=tuple(api_keys), tokenizer_workers=args.tokenizer_threads,
                     tokenizer_queue=args.tokenizer_queue, openai=openai,
-                    max_body_bytes_in_flight=int(args.max_body_mb_in_flight * (1 << 20)))
+                    max_body_bytes_in_flight=int(args.max_body_mb_in_flight * (1 << 20)), grammar=_grammar(args))
+    if app.grammar.available:
+        app.grammar.start()  # the workers (a forkserver importing xgrammar) before the first grammar
+    else:
+        logging.getLogger(__name__).warning("sglang-pdd router: xgrammar is not installed beside the router: requests "
+                                            "with a grammar (json_schema, regex, ebnf, structural_tag, "
+                                            "response_format, tools) are refused (400)")
     logging.getLogger(__name__).info("sglang-pdd router: %d prefill, %d relay, %d main; pipeline %s",
                                      len(prefill.peers), len(relay.peers), len(main_.peers), args.pipeline)
     app.serve(args.host, args.port)
@@ -218,6 +225,13 @@ def openai_frontend(args, model_name: str):
                                          args.reasoning_parser, args.chat_template))
     except ValueError as e:
         raise SystemExit(f"sglang-pdd router: {e}") from None
+
+
+def _grammar(args) -> GrammarBounds:
+    try:
+        return GrammarBounds(args.grammar_compile_timeout_s, args.grammar_compile_memory_mb, args.grammar_workers)
+    except ValueError as e:
+        raise SystemExit(f"sglang-pdd router: error: {e}") from None
 
 
 def _front_door(args) -> tuple[FrontDoorConfig, list[str]]:

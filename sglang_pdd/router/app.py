@@ -20,6 +20,7 @@ from sglang_pdd.router.api import front_door
 from sglang_pdd.router.api.openai import chat as openai_chat
 from sglang_pdd.router.api.body_budget import BodyBudget
 from sglang_pdd.router.api.client_auth import ClientAuth
+from sglang_pdd.router.api.grammar_guard import GrammarBounds, GrammarBusy, GrammarGuard
 from sglang_pdd.router.request.dispatch import PIPELINE_MODES, Dispatcher, Outcome, RequestFailed
 from sglang_pdd.router.api.front_door import FrontDoor, FrontDoorConfig
 from sglang_pdd.router.api.in_flight import InFlight
@@ -45,20 +46,22 @@ class RouterApp:
                  limits: ModelLimits = ModelLimits(), max_body_bytes: int = 64 << 20,
                  door: FrontDoorConfig = FrontDoorConfig(), api_keys: tuple[str, ...] = (),
                  tokenizer_workers: int = 4, tokenizer_queue: int = 64, openai=None,
-                 max_body_bytes_in_flight: int = 256 << 20):
+                 max_body_bytes_in_flight: int = 256 << 20, grammar: GrammarBounds = GrammarBounds()):
         """`openai`: sglang's OpenAI chat layer (`openai.sglang_server.SglangOpenAI`) for /v1/chat/completions;
-        None: the router's own minimal one (text only)."""
+        None: the router's own minimal one (text only). `grammar`: the bounds of a request's grammar compile
+        (`router.api.grammar_guard`; its workers start at the first grammar unless `self.grammar.start()`)."""
         self.d, self.tok, self.model = dispatcher, tokenizer, model_name
         self.openai = openai
         self.default_max_tokens, self.limits = default_max_tokens, limits
         self.metrics = RouterMetrics()
         self.prep = Preparer(tokenizer, limits, default_max_tokens, tokenizer_workers, tokenizer_queue, openai)
+        self.grammar = GrammarGuard(tokenizer, limits.vocab_size, grammar)
         self.door = FrontDoor(door, self.metrics)
         self.in_flight = InFlight(door.max_in_flight, door.max_in_flight_per_client, door.retry_after_s, self.metrics)
         self.bodies = BodyBudget(max_body_bytes_in_flight, door.retry_after_s, self.metrics)
         for name, v in (("connections", door.max_connections), ("in-flight", door.max_in_flight),
                         ("per-client", door.max_in_flight_per_client), ("tokenizer-queue", self.prep.capacity),
-                        ("body-bytes", max_body_bytes_in_flight)):
+                        ("body-bytes", max_body_bytes_in_flight), ("grammar-queue", self.grammar.capacity)):
             self.metrics.limit.labels(name).set(v)
         auth = ClientAuth(api_keys, self.metrics)
         app = web.Application(client_max_size=max_body_bytes, middlewares=[auth.middleware, self.in_flight.middleware,
@@ -76,6 +79,7 @@ class RouterApp:
 
     async def _close_prep(self, _app) -> None:
         self.prep.close()
+        self.grammar.close()
 
     def serve(self, host: str, port: int) -> None:
         """Serve through the front door until SIGINT/SIGTERM."""
@@ -125,18 +129,22 @@ class RouterApp:
         return web.Response(body=generate_latest(self.metrics.registry), content_type="text/plain")
 
     async def _prepared(self, request, kind: str) -> Prepared | web.Response:
-        """The client's body parsed, checked and tokenized off the event loop; an error response for a
-        client error (413 for a body over the limit, 408 for one too slow, else 400); 503 with
-        Retry-After when the tokenizer queue is full."""
+        """The client's body parsed, checked and tokenized off the event loop, its grammar compiled within
+        bounds; an error response for a client error (413 for a body over the limit, 408 for one too
+        slow, else 400); 503 with Retry-After when the tokenizer queue or the grammar compiles are full."""
         raw = await front_door.read_body(request, self.door, self.bodies)
         if isinstance(raw, web.Response):
             return raw
         try:
-            return await self.prep.run(kind, raw)
+            prep = await self.prep.run(kind, raw)
+            await self.grammar.check(prep.sampling_params, prep.body)
+            return prep
         except BadRequest as e:
             return _error(400, str(e))
-        except Busy as e:
-            self.metrics.refused.labels("tokenizer-queue").inc()
+        except (Busy, GrammarBusy) as e:
+            reason = e.reason if isinstance(e, GrammarBusy) else "tokenizer-queue"
+            if reason is not None:
+                self.metrics.refused.labels(reason).inc()
             return web.json_response({"error": {"message": str(e), "code": 503}}, status=503,
                                      headers={"Retry-After": str(self.door.cfg.retry_after_s)})
         except Exception:  # the router's own bug, not the client's: say so, keep serving

@@ -19,6 +19,7 @@ from sglang_pdd.router.peers import role_auth
 from sglang_pdd.router.api.client_auth import ENV_API_KEY
 from sglang_pdd.router.request.dispatch import PIPELINE_MODES
 from sglang_pdd.router.api.front_door import FrontDoorConfig
+from sglang_pdd.router.api.grammar_guard import GrammarBounds
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # sglang-router's
 
@@ -235,6 +236,18 @@ def _front_door_flags(ap: argparse.ArgumentParser) -> None:
                     help="requests waiting for a tokenizer thread at most; over it 503 with Retry-After "
                          "(default 64: a longer wait means tokenization is the bottleneck and clients should "
                          "back off)")
+    grammar = GrammarBounds()
+    ap.add_argument("--grammar-compile-timeout-s", type=float, default=grammar.timeout_s,
+                    help="a request's grammar (json_schema, regex, ebnf, structural_tag; a chat body's response_format "
+                         "and tools) must compile within this, wall clock and CPU, in one of the router's grammar "
+                         "workers before any role sees it; else 400 naming the field (every role would compile it "
+                         "in its scheduler's process, unstoppable)")
+    ap.add_argument("--grammar-compile-memory-mb", type=int, default=grammar.memory_mb,
+                    help="memory a grammar's compile may take in a grammar worker (its address space past what it "
+                         "holds at rest); past it 400 naming the field")
+    ap.add_argument("--grammar-workers", type=int, default=grammar.workers,
+                    help="grammar worker processes (one compile each at a time; a worker past a bound is killed and "
+                         "replaced); with four compiles waiting per worker, more are 503 with Retry-After")
     ap.add_argument("--api-key", action="append", default=None, metavar="KEY",
                     help="clients must send Authorization: Bearer KEY (else 401); may be repeated, one key per "
                          "client (the per-client cap then counts per key). Prefer the environment variable "

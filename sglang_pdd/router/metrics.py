@@ -9,9 +9,9 @@ from sglang_pdd.router.request.dispatch import Outcome
 
 # Why the front door refused a connection or a request (sglang_pdd_router_refused_total{reason}).
 REFUSALS = ("connections", "in-flight", "per-client", "tokenizer-queue", "header-timeout", "body-timeout", "auth",
-            "body-budget")
+            "body-budget", "grammar-queue")
 # The limits exported as sglang_pdd_router_limit{limit}.
-LIMITS = ("connections", "in-flight", "per-client", "tokenizer-queue", "body-bytes")
+LIMITS = ("connections", "in-flight", "per-client", "tokenizer-queue", "body-bytes", "grammar-queue")
 
 # TTFT buckets (seconds): a same-site first token is tens of ms, a cold prompt whose KV crosses a slow WAN
 # can take seconds to tens of seconds.
@@ -81,7 +81,7 @@ class RouterMetrics:
                                      "or waiting for a tokenizer thread", registry=self.registry)
         self.limit = Gauge("sglang_pdd_router_limit", "The front door's configured limits (--max-connections, "
                            "--max-in-flight, --max-in-flight-per-client, tokenizer threads + --tokenizer-queue, "
-                           "--max-body-mb-in-flight in bytes)",
+                           "--max-body-mb-in-flight in bytes, grammar compiles running or waiting: --grammar-workers x 5)",
                            ("limit",), registry=self.registry)
         self.refused = Counter("sglang_pdd_router_refused", "Connections and requests the front door refused or "
                                "closed, by reason (" + ", ".join(REFUSALS) + ")", ("reason",),

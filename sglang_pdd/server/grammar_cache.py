@@ -7,6 +7,8 @@ distinct grammars grows both without end, on P, RLD and MD alike. `bound(backend
 with a `BoundedCache` (least recently used out past `MAX_GRAMMARS` entries or `MAX_GRAMMAR_BYTES` of
 compiled grammar) and gives the xgrammar compiler a byte limit (`MAX_COMPILER_CACHE_BYTES`). A
 request whose grammar was evicted compiles it again; a request already running keeps its own copy.
+
+`BoundedCache` is also the router's cache of grammar verdicts (`router.api.grammar_guard`).
 """
 
 from __future__ import annotations

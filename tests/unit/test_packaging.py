@@ -207,7 +207,8 @@ def _requires(wheel) -> dict[str, set[str]]:
         if k != "Requires-Dist":
             continue
         r = Requirement(v)
-        extra = next((e for e in ("router", "gpu", "lab", "bench", "test") if r.marker and r.marker.evaluate({"extra": e})), "")
+        extra = next((e for e in ("router", "grammar", "gpu", "lab", "bench", "test")
+                      if r.marker and r.marker.evaluate({"extra": e})), "")
         out.setdefault(extra, set()).add(_norm(r.name))
         if r.name == "sglang-pdd":  # an extra that pulls another (lab -> router)
             out[extra] |= {f"sglang-pdd[{e}]" for e in r.extras}
@@ -279,6 +280,8 @@ def test_every_module_the_serving_wing_imports_is_declared(wheel):
 
 # the router's one module that uses sglang (its OpenAI chat layer, where sglang is installed beside it)
 ROUTER_SGLANG_LAYER = os.path.join("sglang_pdd", "router", "api", "openai", "sglang_server.py")
+# and its one module that uses xgrammar (inside a grammar worker; the `grammar` extra)
+ROUTER_GRAMMAR_COMPILE = os.path.join("sglang_pdd", "router", "api", "grammar_compile.py")
 
 
 def test_the_router_needs_only_the_base_and_the_router_extra(wheel):
@@ -295,6 +298,12 @@ def test_the_router_needs_only_the_base_and_the_router_extra(wheel):
                                                                  if isinstance(n, ast.Import) for a in n.names)
     imports = {m: f - {ROUTER_SGLANG_LAYER} for m, f in imports.items() if f - {ROUTER_SGLANG_LAYER}}
     assert not {"sglang", "torch"} & set(imports)  # a router box needs no sglang
+    # xgrammar (and the torch it pulls) is the `grammar` extra's, imported inside grammar_compile's functions only
+    assert imports.pop("xgrammar") == {ROUTER_GRAMMAR_COMPILE}
+    _check_declared({"xgrammar": {ROUTER_GRAMMAR_COMPILE}}, req["grammar"])
+    with open(os.path.join(REPO, ROUTER_GRAMMAR_COMPILE)) as fh:
+        assert not [n for n in ast.parse(fh.read()).body if isinstance(n, (ast.Import, ast.ImportFrom))
+                    and "xgrammar" in ast.unparse(n)]
     _check_declared(imports, req[""] | req["router"])
     # the negative control: without the router extra, aiohttp is not declared
     with pytest.raises(AssertionError, match="aiohttp"):

@@ -23,6 +23,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from sglang_pdd.protocol.handoff_finish import HandoffFinish
 from sglang_pdd.router.api.admission import ModelLimits
+from sglang_pdd.router.api.grammar_guard import GrammarBounds
 from sglang_pdd.router.app import RouterApp
 from sglang_pdd.router.request.dispatch import DispatchConfig, Dispatcher
 from sglang_pdd.router.peers.pool import Peer, PeerPool
@@ -220,10 +221,12 @@ class FakeCluster:
 async def router_client(cluster: FakeCluster, pipeline: str = "direct", idle_s: float = 30.0,
                         limits: ModelLimits = ModelLimits(vocab_size=1024, context_len=1 << 16),
                         tokenizer=None, max_body_bytes: int = 64 << 20, migration_limit: int = 0,
-                        signer=None, max_body_bytes_in_flight: int = 256 << 20, openai=None):
+                        signer=None, max_body_bytes_in_flight: int = 256 << 20, openai=None,
+                        grammar: GrammarBounds = GrammarBounds()):
     """A test client on a real router (Dispatcher + RouterApp) in front of `cluster`. Migration is off
     unless asked for: most tests pin what a failure does to the client. `openai`: sglang's chat layer
-    (`router.api.openai.sglang_server.SglangOpenAI`, over `tokenizer`'s model) for /v1/chat/completions."""
+    (`router.api.openai.sglang_server.SglangOpenAI`, over `tokenizer`'s model) for /v1/chat/completions.
+    `grammar`: the bounds of a request's grammar compile (`router.api.grammar_guard`)."""
     tok = tokenizer or CharTokenizer()
     cfg = DispatchConfig(pipeline, request_timeout_s=max(60.0, idle_s), bandwidth_poll_s=0, load_poll_s=0,
                          idle_timeout_s={r: idle_s for r in ("prefill", "relay", "main")},
@@ -231,6 +234,6 @@ async def router_client(cluster: FakeCluster, pipeline: str = "direct", idle_s: 
     d = Dispatcher(*cluster.pools(), cfg, decode=functools.partial(tok.decode, skip_special_tokens=True), signer=signer,
                    kept_stop_ids=openai.kept_stop_ids if openai is not None else frozenset())
     app = RouterApp(d, tok, "fake", limits=limits, max_body_bytes=max_body_bytes,
-                    max_body_bytes_in_flight=max_body_bytes_in_flight, openai=openai)
+                    max_body_bytes_in_flight=max_body_bytes_in_flight, openai=openai, grammar=grammar)
     async with TestClient(TestServer(app.app)) as client:
         yield client

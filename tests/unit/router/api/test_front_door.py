@@ -217,11 +217,11 @@ def test_front_door_series_on_metrics():
     text = run(go())
     limits = {dict(k)["limit"]: v for k, v in parse_exposition(text, "sglang_pdd_router_limit").items()}
     assert limits == {"connections": 7, "in-flight": 5, "per-client": 3, "tokenizer-queue": 68,
-                      "body-bytes": 256 << 20}
+                      "body-bytes": 256 << 20, "grammar-queue": 10}
     assert parse_exposition(text, "sglang_pdd_router_open_connections")[()] == 1  # the scrape's own
     assert parse_exposition(text, "sglang_pdd_router_in_flight")[()] == 0
     assert set(refused(text)) == {"connections", "in-flight", "per-client", "tokenizer-queue", "header-timeout",
-                                  "body-timeout", "auth", "body-budget"}
+                                  "body-timeout", "auth", "body-budget", "grammar-queue"}
 
 
 @pytest.mark.parametrize("field, value, flag", [("header_timeout_s", 0, "--header-timeout-s"),
