@@ -124,7 +124,10 @@ class GrammarWorkers:
         """The tokenizer pickled for the workers, once."""
         with self._blob_lock:
             if self._blob_bytes is None:
-                self._blob_bytes = pickle.dumps(self._tokenizer)
+                try:
+                    self._blob_bytes = pickle.dumps(self._tokenizer)
+                except Exception as e:  # a tokenizer with unpicklable state
+                    raise WorkerUnavailable(f"the tokenizer cannot be sent to a grammar worker: {e}") from None
             return self._blob_bytes
 
     def start(self) -> list[Future]:

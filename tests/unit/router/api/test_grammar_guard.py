@@ -286,6 +286,25 @@ def test_without_xgrammar_a_grammar_is_a_400_and_a_plain_request_is_served():
     run(go())
 
 
+def test_workers_that_cannot_start_are_a_503_not_counted_as_a_refusal():
+    class Unpicklable(fu.CharTokenizer):
+        def __reduce__(self):
+            raise TypeError("no")
+
+    g = GrammarGuard(Unpicklable(), 1024, TIGHT)
+
+    async def go():
+        with pytest.raises(GrammarBusy) as e:
+            await g.check({"regex": "a+"})
+        return e.value
+
+    try:
+        e = run(go())
+    finally:
+        g.close()
+    assert e.reason is None and "cannot be sent to a grammar worker" in str(e) and len(g.verdicts) == 0
+
+
 def test_the_client_field_is_named():
     assert client_field("regex", {"sampling_params": {"regex": "a"}}) == "regex"
     assert client_field("regex", {"messages": [], "regex": "a"}) == "regex"  # sglang's chat extension
