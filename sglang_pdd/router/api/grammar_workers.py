@@ -57,8 +57,12 @@ class GrammarWorker:
         parent, child = self._ctx.Pipe()
         p = self._ctx.Process(target=gc.serve, args=(child, self._blob(), self.vocab_size, self.memory_mb),
                               name="pdd-router-grammar", daemon=True)
-        p.start()
-        child.close()
+        try:
+            p.start()
+        except OSError as e:  # the forkserver could not start or fork
+            raise WorkerUnavailable(f"a grammar worker did not start: {e}") from None
+        finally:
+            child.close()
         self.process, self.conn = p, parent
         self.started += 1
         try:
@@ -95,7 +99,8 @@ class GrammarWorker:
         self.stop()
         if code == -signal.SIGXCPU:
             return gc.Verdict(gc.TIME)
-        how = signal.Signals(-code).name if code is not None and code < 0 else f"exit {code}"
+        how = f"exit {code}" if code is None or code >= 0 else next(
+            (s.name for s in signal.Signals if s == -code), f"signal {-code}")
         return gc.Verdict(gc.CRASHED, how)
 
     def stop(self) -> None:
