@@ -21,15 +21,16 @@ import pytest
 from sglang_pdd.lab.testing.servers import ServerGroup
 
 MARK = "shared_cluster"
-RELAY = "relay"  # P, RLD, MD (KV events on): test_health_probe, test_hostile_clients, test_two_routers
-KEYED = "relay-keyed"  # P, RLD, MD behind sglang's --api-key, RLD and MD streaming deltas:
-#                        test_agent_front_door, test_pdd_router
+KEYED = "relay-keyed"  # P, RLD, MD behind sglang's --api-key, RLD and MD streaming deltas, MD publishing its KV
+#                        events: test_agent_front_door, test_health_probe, test_hostile_clients, test_pdd_router,
+#                        test_two_routers (the modules that run roles without a key or streaming cumulatively
+#                        start their own: test_md_pool, test_mla_pdd, test_patched_sglang)
 
 OVERLAP = "overlap-page16"  # P (pages of 16, chunked prefill of 256), RLD and MD on sglang's overlap loop, and a
 #                              single server on that loop: test_relay_handoff, test_relay_restarts
 OVERLAP_PAGE, OVERLAP_CHUNK = 16, 256
 OVERLAP_HANDOFF_TIMEOUT = 30  # MD waits this long for eager tokens: a slow box must not decide an outcome
-MD_EVENTS, MD_EVENTS_REPLAY = 5594, 5595  # RELAY's MD publishes its KV events here (test_two_routers reads them)
+MD_EVENTS, MD_EVENTS_REPLAY = 5594, 5595  # KEYED's MD publishes its KV events here (test_two_routers reads them)
 ROLE_KEY = "pdd-e2e-role-key"  # KEYED's roles' --api-key; its routers send it (SGLANG_PDD_ROLE_API_KEY)
 INCREMENTAL = ("--incremental-streaming-output",)
 
@@ -41,13 +42,10 @@ PAIR_POOL = 2400  # MD's --max-total-tokens: two of test_kv_events' conversation
 PAIR_TRUSTED_RELAY = "tcp://127.0.0.1:18591"  # MD's --pdd-relays; nothing listens there
 
 
-def _relay(group: ServerGroup, model: str):
-    from .cluster import start_pdd
-
-    events = json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{MD_EVENTS}",
-                         "replay_endpoint": f"tcp://*:{MD_EVENTS_REPLAY}"})
-    return start_pdd(group, model, base_port=34700, bootstrap_port=8979, token_port=18790, handoff_timeout=10,
-                     main_extra=("--kv-events-config", events))
+def _kv_events(endpoint: int, replay: int) -> tuple[str, str]:
+    """An MD's flag to publish its KV events (ZMQ) on these ports."""
+    return "--kv-events-config", json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{endpoint}",
+                                             "replay_endpoint": f"tcp://*:{replay}"})
 
 
 def _keyed(group: ServerGroup, model: str):
@@ -55,7 +53,8 @@ def _keyed(group: ServerGroup, model: str):
 
     # RLD and MD stream deltas (--incremental-streaming-output); the other modules' stream cumulatively
     return start_pdd(group, model, base_port=34800, bootstrap_port=8978, token_port=18795, handoff_timeout=10,
-                     relay_extra=INCREMENTAL, main_extra=INCREMENTAL, role_api_key=ROLE_KEY)
+                     relay_extra=INCREMENTAL, main_extra=(*INCREMENTAL, *_kv_events(MD_EVENTS, MD_EVENTS_REPLAY)),
+                     role_api_key=ROLE_KEY)
 
 
 def _overlap(group: ServerGroup, model: str):
@@ -79,16 +78,14 @@ def _pair(group: ServerGroup, model: str):
 
     from .cluster import PD, idle_rows
 
-    events = json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{PAIR_EVENTS}",
-                         "replay_endpoint": f"tcp://*:{PAIR_EVENTS_REPLAY}"})
     p = group.start(f"pair-prefill-{PAIR_PORT}", ServerConfig(
         model=model, port=PAIR_PORT, nccl_port=PAIR_PORT + 1000, mode="prefill", bootstrap_port=PAIR_BOOT,
         extra=["--pdd-role", "prefill"]))
     md = group.start(f"pair-main-{PAIR_PORT + 1}", ServerConfig(
         model=model, port=PAIR_PORT + 1, nccl_port=PAIR_PORT + 1001, mode="decode", bootstrap_port=PAIR_BOOT,
         decode_radix_cache=True, max_total_tokens=PAIR_POOL,
-        extra=["--pdd-role", "main", "--kv-events-config", events, "--pdd-relays", PAIR_TRUSTED_RELAY,
-               "--pdd-handoff-timeout", "10"]))
+        extra=["--pdd-role", "main", *_kv_events(PAIR_EVENTS, PAIR_EVENTS_REPLAY),
+               "--pdd-relays", PAIR_TRUSTED_RELAY, "--pdd-handoff-timeout", "10"]))
     p.wait_ready()
     md.wait_ready()
     return PD(prefill=p, decode=md, bootstrap_port=PAIR_BOOT, idle_rows=idle_rows(md.url))
@@ -96,7 +93,7 @@ def _pair(group: ServerGroup, model: str):
 
 # key -> (group, model) -> the cluster (a `cluster.PDDServers` or `cluster.PD`: `clear_knobs` unsets what a
 # module set)
-RECIPES: dict[str, Callable] = {RELAY: _relay, KEYED: _keyed, OVERLAP: _overlap, PAIR: _pair}
+RECIPES: dict[str, Callable] = {KEYED: _keyed, OVERLAP: _overlap, PAIR: _pair}
 
 
 class SharedClusters:

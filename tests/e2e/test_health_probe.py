@@ -1,7 +1,8 @@
 """The router's health probe (`router.peers.probe`) on real sglang roles: P in prefill mode, RLD and
 MD in decode mode each serve the one-token generate that carries sglang's fake bootstrap host (a lone
-generate cannot make a real KV transfer on a PD server), asked the way the router asks each role; and
-the health checker takes an ejected role back through it once its back-off is over, not before."""
+generate cannot make a real KV transfer on a PD server), asked the way the router asks each role (with
+the roles' API key, as the router's session sends it); and the health checker takes an ejected role
+back through it once its back-off is over, not before."""
 
 import asyncio
 
@@ -9,12 +10,18 @@ import aiohttp
 import pytest
 
 from sglang_pdd.router.peers import probe as health_probe
+from sglang_pdd.router.peers import role_auth
 from sglang_pdd.router.peers.health import HealthChecker
 from sglang_pdd.router.peers.pool import Peer, PeerPool
 
-from .shared_cluster import RELAY, cluster_for
+from .shared_cluster import KEYED, ROLE_KEY, cluster_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.shared_cluster(RELAY)]
+pytestmark = [pytest.mark.e2e, pytest.mark.shared_cluster(KEYED)]
+
+
+def session() -> aiohttp.ClientSession:
+    """A session that calls the roles as the router's does: with their key (shared_cluster.KEYED)."""
+    return aiohttp.ClientSession(headers=role_auth.headers({role_auth.ENV_KEY: ROLE_KEY}))
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +31,7 @@ def pdd(request, shared_clusters, tiny_model):
 
 def test_every_role_serves_the_probe(pdd):
     async def go():
-        async with aiohttp.ClientSession() as s:
+        async with session() as s:
             return {role: await health_probe.probe(s, role, url, 120.0)
                     for role, url in (("prefill", pdd.prefill.url), ("relay", pdd.relay.url), ("main", pdd.main.url))}
 
@@ -41,7 +48,7 @@ def test_the_checker_takes_an_ejected_role_back_once_its_back_off_is_over(pdd):
         pool.peers[0].health.failed(unreachable=True)
 
     async def go():
-        async with aiohttp.ClientSession() as s:
+        async with session() as s:
             await checker.check_once(s)
             early = [p.peers[0].health.out for p in pools]
             t[0] = 1000.0

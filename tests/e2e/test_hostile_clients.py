@@ -23,9 +23,9 @@ from sglang_pdd.lab.testing.servers import http_json
 from sglang_pdd.protocol.reply import ReplyMeta
 
 from .cluster import by_state, decode_roles_idle, metric
-from .shared_cluster import RELAY, cluster_for
+from .shared_cluster import KEYED, ROLE_KEY, cluster_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.shared_cluster(RELAY)]
+pytestmark = [pytest.mark.e2e, pytest.mark.shared_cluster(KEYED)]
 
 BASE = 31500
 EAGER = 4
@@ -42,7 +42,7 @@ def cluster(request, shared_clusters, server_group, tiny_model):
         prefill=[(pdd.prefill.url, pdd.bootstrap_port)], relay=[(pdd.relay.url, pdd.token_port)], main=[pdd.main.url],
         tokenizer=tiny_model, port=BASE + 3, pipeline="relay",
         extra=["--header-timeout-s", str(HEADER_TIMEOUT_S), "--body-timeout-s", str(BODY_TIMEOUT_S),
-               "--migration-limit", "1"])).wait_ready()
+               "--migration-limit", "1"], role_api_key=ROLE_KEY)).wait_ready()
     return pdd, router
 
 

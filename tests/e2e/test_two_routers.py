@@ -19,9 +19,9 @@ from sglang_pdd.protocol.reply import ReplyMeta
 
 from .cluster import decode_roles_idle, metric
 from .router_checks import EAGER
-from .shared_cluster import MD_EVENTS, MD_EVENTS_REPLAY, RELAY, cluster_for
+from .shared_cluster import KEYED, MD_EVENTS, MD_EVENTS_REPLAY, ROLE_KEY, cluster_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.shared_cluster(RELAY)]
+pytestmark = [pytest.mark.e2e, pytest.mark.shared_cluster(KEYED)]
 
 BASE = 32200  # the routers': BASE + 3, BASE + 4
 N = 96  # as the router module: with fewer, RLD could finish before MD is ready to take over
@@ -32,14 +32,15 @@ JOBS = (("relay", True), ("relay", False), ("direct", True), (None, False))
 
 @pytest.fixture(scope="module")
 def two(request, shared_clusters, server_group, tiny_model):
-    """The shared cluster's MD publishes its KV events (shared_cluster.RELAY); each router subscribes."""
+    """The shared cluster's MD publishes its KV events (shared_cluster.KEYED); each router subscribes, and
+    calls the roles with their key."""
     pdd = cluster_for(request, shared_clusters, tiny_model)
     pdd.set_knobs("relay", relay_min_eager=EAGER)
     routers = [server_group.start(f"pdd-router-{BASE + 3 + i}", PddRouterConfig(
         prefill=[(pdd.prefill.url, pdd.bootstrap_port)], relay=[(pdd.relay.url, pdd.token_port)],
         main=[pdd.main.url], tokenizer=tiny_model, port=BASE + 3 + i, pipeline="auto",
         extra=["--main-kv-events", f"tcp://127.0.0.1:{MD_EVENTS}", f"tcp://127.0.0.1:{MD_EVENTS_REPLAY}",
-               "--bandwidth-poll-s", "0.5", "--load-poll-s", "0.5"])) for i in range(2)]
+               "--bandwidth-poll-s", "0.5", "--load-poll-s", "0.5"], role_api_key=ROLE_KEY)) for i in range(2)]
     for r in routers:
         r.wait_ready()
     return pdd, routers
