@@ -10,12 +10,13 @@ from sglang_pdd.lab.testing import identity
 from sglang_pdd.lab.testing.client import greedy_body, pd_generate
 from sglang_pdd.lab.testing.pdd_client import relayed_generate, relayed_generate_many
 
-from .cluster import metric, start_pd, start_pdd
+from .cluster import kv_bytes_per_token, metric, start_pdd
 
 pytestmark = pytest.mark.e2e
 
 TOKEN_PORT = 18520
 PAGE = 16
+BLOCK_PAGES = 16  # P's largest packed block (--pdd-packed-staging-bytes): a longer chunk goes as several blocks
 NEW = 24
 RELAYED_NEW = 160  # relayed requests: long enough that RLD hands over (at k >= 4, its knob) before it ends
 SERVERS = {}
@@ -27,21 +28,17 @@ def set_knobs(role: str, **knobs) -> None:
 
 @pytest.fixture(scope="module")
 def packed(server_group, tiny_model):
+    """P packs blocks of at most BLOCK_PAGES pages (`--pdd-packed-staging-bytes`): a prompt of up to 256 tokens
+    goes as one block, a longer one as several (a block smaller than a page, one page each, is the unit
+    tests', tests/unit/transfer/test_packed_wan.py)."""
     flags = ("--pdd-packed-wan", "plain")
+    staging = (BLOCK_PAGES * PAGE + PAGE // 2) * kv_bytes_per_token(tiny_model)  # half a page spare: 16 pages a block
     s = start_pdd(server_group, tiny_model, base_port=31100, bootstrap_port=8993, token_port=TOKEN_PORT,
-                  handoff_timeout=20, page_size=PAGE, prefill_extra=flags, main_extra=flags)
+                  handoff_timeout=20, page_size=PAGE, main_extra=flags,
+                  prefill_extra=(*flags, "--pdd-packed-staging-bytes", str(staging)))
     s.set_knobs("relay", relay_min_eager=4)
     SERVERS["pdd"] = s
     return s.roles
-
-
-@pytest.fixture(scope="module")
-def small_blocks(server_group, tiny_model):
-    """A P -> MD pair whose P packs blocks of at most 1 byte (`--pdd-packed-staging-bytes`): one page each."""
-    flags = ["--pdd-packed-wan", "plain"]
-    prefill = ["--pdd-role", "prefill", *flags, "--pdd-packed-staging-bytes", "1"]
-    return start_pd(server_group, tiny_model, base_port=31400, bootstrap_port=8991, page_size=PAGE,
-                    decode_radix_cache=True, prefill_extra=prefill, decode_extra=["--pdd-role", "main", *flags])
 
 
 @pytest.fixture(autouse=True)
@@ -80,7 +77,7 @@ def delta(after: dict, before: dict, key: str) -> float:
 
 
 def test_plain_pd_to_main_goes_packed_and_is_token_identical(packed, reference_server, prompts):
-    ids = prompts.ids(900, seed=701)
+    ids = prompts.ids(250, seed=701)  # 16 pages: one block
     p0, m0, s0 = events(packed.prefill, "prefill"), events(packed.main, "main"), kv_slices(packed.prefill)
     out = pd_generate(packed.prefill, packed.main, packed.bootstrap_host, packed.bootstrap_port, greedy_body(ids, NEW))
     identity.check(ref(reference_server, ids), out["output_ids"], "packed P->MD")
@@ -107,15 +104,17 @@ def test_fanout_main_leg_goes_packed_across_a_conversation(packed, reference_ser
     assert r2.main["meta_info"]["cached_tokens"] >= len(turn1) // PAGE * PAGE
 
 
-def test_blocks_smaller_than_a_chunk_are_reassembled(small_blocks, reference_server, prompts):
-    """P's staging capped at one page: every chunk goes as many blocks, each with its table entry."""
-    p, d = small_blocks.prefill.url, small_blocks.decode.url
-    ids = prompts.ids(500, seed=704)
-    p0, s0 = events(p, "prefill"), kv_slices(p)
-    out = pd_generate(p, d, "127.0.0.1", small_blocks.bootstrap_port, greedy_body(ids, NEW))
-    identity.check(ref(reference_server, ids), out["output_ids"], "small blocks")
-    chunks = delta(events(p, "prefill"), p0, "packed")
-    assert chunks >= 1 and kv_slices(p) - s0 > 2 * chunks  # many blocks per chunk, not one
+def test_blocks_smaller_than_a_chunk_are_reassembled(packed, reference_server, prompts):
+    """A chunk longer than P's staging goes as several blocks, each with its table entry; MD puts them
+    together (a 900-token prompt, one chunk of 57 pages: blocks of 16, 16, 16 and 9 pages)."""
+    ids = prompts.ids(900, seed=704)
+    p0, m0, s0 = events(packed.prefill, "prefill"), events(packed.main, "main"), kv_slices(packed.prefill)
+    out = pd_generate(packed.prefill, packed.main, packed.bootstrap_host, packed.bootstrap_port, greedy_body(ids, NEW))
+    identity.check(ref(reference_server, ids), out["output_ids"], "blocks smaller than a chunk")
+    p1, m1 = events(packed.prefill, "prefill"), events(packed.main, "main")
+    assert delta(p1, p0, "packed") == 1, p1  # one chunk (no chunked prefill)
+    assert kv_slices(packed.prefill) - s0 == 2 * -(-len(ids) // (BLOCK_PAGES * PAGE))  # 4 blocks, 2 slices each
+    assert delta(m1, m0, "offered") == 1 and delta(m1, m0, "unpacked") == 1, m1
 
 
 def test_concurrent_relayed_requests_each_land_in_their_own_region(packed, reference_server, prompts):
