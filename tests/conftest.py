@@ -26,6 +26,25 @@ ARTIFACTS = os.environ.get("SGLANG_PDD_ARTIFACTS", os.path.join(REPO, ".artifact
 os.environ.setdefault("SGLANG_PDD_SECRET", "sglang-pdd-test-secret")
 # Lets e2e tests ask a server for a negative control (e.g. MD discarding the eager tokens' KV).
 os.environ.setdefault("SGLANG_PDD_TESTING", "1")
+# sglang modules that serve the test models: the tiny Llama (llama) and the MLA model (deepseek_v2)
+TEST_MODEL_MODULES = ("llama", "deepseek_v2")
+
+
+def _unused_model_modules() -> str:
+    """sglang's other model modules, for its SGLANG_DISABLED_MODEL_ARCHS: a server imports every module of
+    sglang.srt.models when it starts (~250, about 1 s of CPU per scheduler process; a CI run starts some 70),
+    and the test servers serve only the test models."""
+    import importlib.util
+    import pkgutil
+
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or spec.origin is None:
+        return ""
+    models = os.path.join(os.path.dirname(spec.origin), "srt", "models")
+    return ",".join(m.name for m in pkgutil.iter_modules([models]) if not m.ispkg and m.name not in TEST_MODEL_MODULES)
+
+
+os.environ.setdefault("SGLANG_DISABLED_MODEL_ARCHS", _unused_model_modules())
 
 
 def _sglang_importable() -> tuple[bool, str]:
