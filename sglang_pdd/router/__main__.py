@@ -191,9 +191,9 @@ def main(argv: list[str] | None = None) -> int:
                     api_keys=tuple(api_keys), tokenizer_workers=args.tokenizer_threads,
                     tokenizer_queue=args.tokenizer_queue, openai=openai,
                     max_body_bytes_in_flight=int(args.max_body_mb_in_flight * (1 << 20)), grammar=_grammar(args))
-    if app.grammar.available:
+    if app.grammar.available and args.grammar_start == "startup":
         app.grammar.start()  # the workers (a forkserver importing xgrammar) before the first grammar
-    else:
+    elif not app.grammar.available:
         logging.getLogger(__name__).warning("sglang-pdd router: xgrammar is not installed beside the router: requests "
                                             "with a grammar (json_schema, regex, ebnf, structural_tag, "
                                             "response_format, tools) are refused (400)")

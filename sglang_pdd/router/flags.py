@@ -248,6 +248,11 @@ def _front_door_flags(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--grammar-workers", type=int, default=grammar.workers,
                     help="grammar worker processes (one compile each at a time; a worker past a bound is killed and "
                          "replaced); with four compiles waiting per worker, more are 503 with Retry-After")
+    ap.add_argument("--grammar-start", choices=("startup", "first-use"), default="startup",
+                    help="when the grammar workers start (a forkserver importing xgrammar and torch: seconds of CPU): "
+                         "at start-up, before the first grammar; or at the first request with a grammar, which then "
+                         "waits for them (a router that may never see a grammar: the test harness's) (default: "
+                         "startup)")
     ap.add_argument("--api-key", action="append", default=None, metavar="KEY",
                     help="clients must send Authorization: Bearer KEY (else 401); may be repeated, one key per "
                          "client (the per-client cap then counts per key). Prefer the environment variable "

@@ -141,7 +141,8 @@ class PddRouterConfig:
             a += ["--main", url]
         if self.role_api_key is None:
             a.append("--insecure-roles")
-        return a + list(self.extra)
+        # the grammar workers (seconds of CPU each start) only for a router that sees a grammar
+        return a + ["--grammar-start", "first-use"] + list(self.extra)
 
     def environ(self) -> dict[str, str]:
         key = {"SGLANG_PDD_ROLE_API_KEY": self.role_api_key} if self.role_api_key is not None else {}

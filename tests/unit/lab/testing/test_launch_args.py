@@ -21,3 +21,11 @@ def test_control_a_router_with_the_roles_key_is_not_insecure():
     r = _router(role_api_key="k" * 16)
     assert not build_parser().parse_args(r.argv()[3:]).insecure_roles
     assert r.environ()["SGLANG_PDD_ROLE_API_KEY"] == "k" * 16 and "k" * 16 not in r.argv()
+
+
+def test_the_harness_routers_start_their_grammar_workers_at_first_use():
+    """The test harness's routers mostly see no grammar: their grammar workers (a forkserver importing
+    xgrammar and torch, seconds of CPU on the 2-core box) start at the first one; the command's default
+    starts them at start-up."""
+    assert build_parser().parse_args(_router().argv()[3:]).grammar_start == "first-use"
+    assert build_parser().parse_args(_router().argv()[3:-2]).grammar_start == "startup"
