@@ -3,6 +3,7 @@ fake roles: long cumulative lines pass, a broken or silent role ends the client'
 error, and every role the request reached is told to abort."""
 
 import asyncio
+import contextlib
 import json
 
 import pytest
@@ -121,6 +122,24 @@ def slow_stream(n: int = 10_000, every_s: float = 0.02):
         return resp
     return answer
 
+@contextlib.asynccontextmanager
+async def streaming_relay():
+    """(cluster, dispatcher, stream): a P->RLD->MD request whose RLD streams on and whose MD never
+    answers, its first delta read."""
+    from sglang_pdd.router.request.dispatch import DispatchConfig, Dispatcher, Outcome
+
+    async with fu.FakeCluster() as cl:
+        cl.relay.behaviour, cl.main.behaviour = slow_stream(), fu.hang()
+        d = Dispatcher(*cl.pools(), DispatchConfig("relay", bandwidth_poll_s=0, load_poll_s=0), decode=lambda ids: "")
+        await d.start()
+        try:
+            stream = d.generate([5, 6], {"max_new_tokens": 9000}, {}, Outcome())
+            await stream.__anext__()
+            yield cl, d, stream
+        finally:
+            await d.close()
+
+
 
 @pytest.mark.parametrize("role", ["relay", "main"])
 @pytest.mark.parametrize("path", ["/generate", "/v1/completions"])
@@ -151,24 +170,14 @@ def test_a_client_gone_mid_stream_aborts_every_role(path, role):
 def test_a_handler_cancelled_while_letting_go_still_aborts_every_role():
     """aiohttp may cancel the handler when the connection drops just after a write to it failed: the
     clean-up is already running then, and must not be cut short (found under uvloop: no role was told)."""
-    from sglang_pdd.router.request.dispatch import DispatchConfig, Dispatcher, Outcome
-
     async def go():
-        async with fu.FakeCluster() as cl:
-            cl.relay.behaviour, cl.main.behaviour = slow_stream(), fu.hang()
-            d = Dispatcher(*cl.pools(), DispatchConfig("relay", bandwidth_poll_s=0, load_poll_s=0), decode=lambda ids: "")
-            await d.start()
-            try:
-                stream = d.generate([5, 6], {"max_new_tokens": 9000}, {}, Outcome())
-                await stream.__anext__()
-                closing = asyncio.create_task(stream.aclose())
-                while not d.copies.releasing:  # the clean-up started
-                    await asyncio.sleep(0)
-                closing.cancel()
-                while not (cl.relay.aborts and cl.main.aborts and cl.prefill.aborts):  # bounded by run()
-                    await asyncio.sleep(0.02)
-            finally:
-                await d.close()
+        async with streaming_relay() as (cl, d, stream):
+            closing = asyncio.create_task(stream.aclose())
+            while not d.copies.releasing:  # the clean-up started
+                await asyncio.sleep(0)
+            closing.cancel()
+            while not (cl.relay.aborts and cl.main.aborts and cl.prefill.aborts):  # bounded by run()
+                await asyncio.sleep(0.02)
             return cl
 
     cl = run(go())
@@ -319,20 +328,10 @@ def test_closing_the_stream_aborts_every_role_before_aclose_returns():
     the inner attempt generator was left to the collector, and the aborts came when it ran)."""
     import gc
 
-    from sglang_pdd.router.request.dispatch import DispatchConfig, Dispatcher, Outcome
-
     async def go():
-        async with fu.FakeCluster() as cl:
-            cl.relay.behaviour, cl.main.behaviour = slow_stream(), fu.hang()
-            d = Dispatcher(*cl.pools(), DispatchConfig("relay", bandwidth_poll_s=0, load_poll_s=0), decode=lambda ids: "")
-            await d.start()
-            try:
-                stream = d.generate([5, 6], {"max_new_tokens": 9000}, {}, Outcome())
-                await stream.__anext__()
-                await stream.aclose()
-                return [len(r.aborts) for r in (cl.prefill, cl.relay, cl.main)]
-            finally:
-                await d.close()
+        async with streaming_relay() as (cl, _d, stream):
+            await stream.aclose()
+            return [len(r.aborts) for r in (cl.prefill, cl.relay, cl.main)]
 
     gc.disable()
     try:
