@@ -37,7 +37,7 @@ from sglang_pdd.router.api.admission import ModelLimits
 from sglang_pdd.router.app import RouterApp
 from sglang_pdd.router.api.client_auth import keys_from
 from sglang_pdd.router.api.front_door import FrontDoorConfig
-from sglang_pdd.router.api.grammar_guard import GrammarBounds
+from sglang_pdd.router.api.grammar.guard import GrammarBounds
 from sglang_pdd.router.request.dispatch import DispatchConfig, Dispatcher
 from sglang_pdd.router.peers.pool import Peer, PeerPool
 from sglang_pdd.router import flags

@@ -20,7 +20,7 @@ from sglang_pdd.router.api import front_door
 from sglang_pdd.router.api.openai import chat as openai_chat
 from sglang_pdd.router.api.body_budget import BodyBudget
 from sglang_pdd.router.api.client_auth import ClientAuth
-from sglang_pdd.router.api.grammar_guard import GrammarBounds, GrammarBusy, GrammarGuard
+from sglang_pdd.router.api.grammar.guard import GrammarBounds, GrammarBusy, GrammarGuard
 from sglang_pdd.router.request.dispatch import PIPELINE_MODES, Dispatcher, Outcome, RequestFailed
 from sglang_pdd.router.api.front_door import FrontDoor, FrontDoorConfig
 from sglang_pdd.router.api.in_flight import InFlight
@@ -49,7 +49,7 @@ class RouterApp:
                  max_body_bytes_in_flight: int = 256 << 20, grammar: GrammarBounds = GrammarBounds()):
         """`openai`: sglang's OpenAI chat layer (`openai.sglang_server.SglangOpenAI`) for /v1/chat/completions;
         None: the router's own minimal one (text only). `grammar`: the bounds of a request's grammar compile
-        (`router.api.grammar_guard`; its workers start at the first grammar unless `self.grammar.start()`)."""
+        (`router.api.grammar.guard`; its workers start at the first grammar unless `self.grammar.start()`)."""
         self.d, self.tok, self.model = dispatcher, tokenizer, model_name
         self.openai = openai
         self.default_max_tokens, self.limits = default_max_tokens, limits

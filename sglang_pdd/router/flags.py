@@ -19,7 +19,7 @@ from sglang_pdd.router.peers import role_auth
 from sglang_pdd.router.api.client_auth import ENV_API_KEY
 from sglang_pdd.router.request.dispatch import PIPELINE_MODES
 from sglang_pdd.router.api.front_door import FrontDoorConfig
-from sglang_pdd.router.api.grammar_guard import GrammarBounds
+from sglang_pdd.router.api.grammar.guard import GrammarBounds
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # sglang-router's
 

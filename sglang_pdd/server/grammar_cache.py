@@ -8,7 +8,7 @@ with a `BoundedCache` (least recently used out past `MAX_GRAMMARS` entries or `M
 compiled grammar) and gives the xgrammar compiler a byte limit (`MAX_COMPILER_CACHE_BYTES`). A
 request whose grammar was evicted compiles it again; a request already running keeps its own copy.
 
-`BoundedCache` is also the router's cache of grammar verdicts (`router.api.grammar_guard`).
+`BoundedCache` is also the router's cache of grammar verdicts (`router.api.grammar.guard`).
 """
 
 from __future__ import annotations

@@ -281,7 +281,7 @@ def test_every_module_the_serving_wing_imports_is_declared(wheel):
 # the router's one module that uses sglang (its OpenAI chat layer, where sglang is installed beside it)
 ROUTER_SGLANG_LAYER = os.path.join("sglang_pdd", "router", "api", "openai", "sglang_server.py")
 # and its one module that uses xgrammar (inside a grammar worker; the `grammar` extra)
-ROUTER_GRAMMAR_COMPILE = os.path.join("sglang_pdd", "router", "api", "grammar_compile.py")
+ROUTER_GRAMMAR_COMPILE = os.path.join("sglang_pdd", "router", "api", "grammar", "compile.py")
 
 
 def test_the_router_needs_only_the_base_and_the_router_extra(wheel):

@@ -23,7 +23,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from sglang_pdd.protocol.handoff_finish import HandoffFinish
 from sglang_pdd.router.api.admission import ModelLimits
-from sglang_pdd.router.api.grammar_guard import GrammarBounds
+from sglang_pdd.router.api.grammar.guard import GrammarBounds
 from sglang_pdd.router.app import RouterApp
 from sglang_pdd.router.request.dispatch import DispatchConfig, Dispatcher
 from sglang_pdd.router.peers.pool import Peer, PeerPool
@@ -226,7 +226,7 @@ async def router_client(cluster: FakeCluster, pipeline: str = "direct", idle_s: 
     """A test client on a real router (Dispatcher + RouterApp) in front of `cluster`. Migration is off
     unless asked for: most tests pin what a failure does to the client. `openai`: sglang's chat layer
     (`router.api.openai.sglang_server.SglangOpenAI`, over `tokenizer`'s model) for /v1/chat/completions.
-    `grammar`: the bounds of a request's grammar compile (`router.api.grammar_guard`)."""
+    `grammar`: the bounds of a request's grammar compile (`router.api.grammar.guard`)."""
     tok = tokenizer or CharTokenizer()
     cfg = DispatchConfig(pipeline, request_timeout_s=max(60.0, idle_s), bandwidth_poll_s=0, load_poll_s=0,
                          idle_timeout_s={r: idle_s for r in ("prefill", "relay", "main")},

@@ -1,4 +1,4 @@
-"""Inside a grammar-check worker process (`router.api.grammar_workers` starts it): a client's grammar
+"""Inside a grammar-check worker process (`router.api.grammar.workers` starts it): a client's grammar
 compiled as sglang's xgrammar backend compiles it on every role, under the worker's bounds.
 
 Each kind goes to the xgrammar call sglang 0.5.23's `XGrammarGrammarBackend.dispatch_*` makes, with

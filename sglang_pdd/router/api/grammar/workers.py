@@ -1,5 +1,5 @@
 """The router's grammar-check worker processes: a few of them, each compiling one client grammar at a
-time (`router.api.grammar_compile`) under a wall-clock, a CPU and a memory bound; a worker past its
+time (`router.api.grammar.compile`) under a wall-clock, a CPU and a memory bound; a worker past its
 bound is killed and replaced.
 
 Processes, not threads: a compile cannot be stopped from outside while it runs in a thread, and
@@ -20,7 +20,7 @@ import signal
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from sglang_pdd.router.api import grammar_compile as gc
+from sglang_pdd.router.api.grammar import compile as gc
 
 logger = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ the ones sglang's chat layer builds from `response_format` and `tools` included)
 role that serves the request (P, RLD and MD), in threads of the role's scheduler process that nothing
 stops: xgrammar compiles some short grammars for minutes or into gigabytes (a deeply nested schema,
 thousands of `patternProperties`), and a NUL crashed its regex converter. So the router compiles
-each one first, as the roles would (`router.api.grammar_compile`), in worker processes
-(`router.api.grammar_workers`) bounded by `--grammar-compile-timeout-s` (wall clock and CPU),
+each one first, as the roles would (`router.api.grammar.compile`), in worker processes
+(`router.api.grammar.workers`) bounded by `--grammar-compile-timeout-s` (wall clock and CPU),
 `--grammar-compile-memory-mb` (address space) and `--grammar-workers`. What does not compile within
 them is a 400 naming the client's field (the sampling parameter, or `response_format` / `tools` for
 a chat body) and the bound; a grammar the compiler refuses is a 400 with its message; only a
@@ -32,9 +32,9 @@ import hashlib
 import importlib.util
 from dataclasses import dataclass
 
-from sglang_pdd.router.api import grammar_compile as gc
+from sglang_pdd.router.api.grammar import compile as gc
 from sglang_pdd.router.api.admission import BadRequest
-from sglang_pdd.router.api.grammar_workers import GrammarWorkers
+from sglang_pdd.router.api.grammar.workers import GrammarWorkers
 from sglang_pdd.server.grammar_cache import BoundedCache
 
 MAX_VERDICTS = 4096  # grammar verdicts kept (a 32-byte key and a short message each)

@@ -26,10 +26,10 @@ import pytest
 pytest.importorskip("xgrammar")
 
 from sglang_pdd.lab.testing import fake_upstream as fu  # noqa: E402
-from sglang_pdd.router.api import grammar_compile as gc  # noqa: E402
-from sglang_pdd.router.api import grammar_guard  # noqa: E402
+from sglang_pdd.router.api.grammar import compile as gc  # noqa: E402
+from sglang_pdd.router.api.grammar import guard as grammar_guard  # noqa: E402
 from sglang_pdd.router.api.admission import MAX_GRAMMAR_CHARS, BadRequest, ModelLimits  # noqa: E402
-from sglang_pdd.router.api.grammar_guard import GrammarBounds, GrammarBusy, GrammarGuard, client_field  # noqa: E402
+from sglang_pdd.router.api.grammar.guard import GrammarBounds, GrammarBusy, GrammarGuard, client_field  # noqa: E402
 from tests.unit.router.kit.front_door import connect, metrics_text, refused, request, response, served  # noqa: E402
 
 TIGHT = GrammarBounds(timeout_s=0.1, workers=1)
