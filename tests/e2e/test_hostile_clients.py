@@ -9,7 +9,9 @@ handoff. docs/faults.md ("Hostile clients") lists each probe with the test that 
 from __future__ import annotations
 
 import json
+import random
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -31,6 +33,7 @@ BASE = 31500
 EAGER = 4
 HEADER_TIMEOUT_S = 2
 BODY_TIMEOUT_S = 3
+GRAMMAR_TIMEOUT_S = 0.5  # the slow grammars below compile for 3 s or more on the 2-core box
 ENDPOINTS = ("/generate", "/v1/completions", "/v1/chat/completions")
 
 
@@ -42,7 +45,8 @@ def cluster(request, shared_clusters, server_group, tiny_model):
         prefill=[(pdd.prefill.url, pdd.bootstrap_port)], relay=[(pdd.relay.url, pdd.token_port)], main=[pdd.main.url],
         tokenizer=tiny_model, port=BASE + 3, pipeline="relay",
         extra=["--header-timeout-s", str(HEADER_TIMEOUT_S), "--body-timeout-s", str(BODY_TIMEOUT_S),
-               "--migration-limit", "1"], role_api_key=ROLE_KEY)).wait_ready()
+               "--migration-limit", "1", "--grammar-compile-timeout-s", str(GRAMMAR_TIMEOUT_S)],
+        role_api_key=ROLE_KEY)).wait_ready()
     return pdd, router
 
 
@@ -78,6 +82,16 @@ def raw_body(endpoint: str, keys_json: str) -> bytes:
     return base.replace(marker, marker + ", " + keys_json, 1).encode()
 
 
+def nested(n: int) -> dict:
+    s = {"type": "string"}
+    for _ in range(n):
+        s = {"type": "object", "properties": {"a": s}, "required": ["a"]}
+    return s
+
+
+# 3000 patternProperties: 3-15 s to compile (tests/unit/router/api/grammar/test_guard.py); a schema nested 400 deep:
+# 27 s (on the tiny model's 2048-token vocabulary, a loaded 2-core box)
+PATTERNS = {"type": "object", "patternProperties": {f"^p{i}[a-z]{{3,9}}$": {"type": "string"} for i in range(3000)}}
 # (name, raw JSON members, endpoints, words the error must contain)
 PROBES = [
     ("top_k over int32 (killed P)", '"top_k": 2147483648', ENDPOINTS, "top_k"),
@@ -97,6 +111,21 @@ PROBES = [
     ("logprobs (dropped silently: /v1/completions)", '"logprobs": 2', ("/v1/completions",), "logprobs"),
     ("tools on the builtin layer", '"tools": [{"type": "function"}]', ("/v1/completions",), "tools"),
     ("lora_path (dropped silently)", '"lora_path": "x"', ENDPOINTS, "lora_path"),
+    # round 3 (issue 47): sizes bounded by what they cost, grammars by their compile
+    ("301 logit_bias keys", '"logit_bias": ' + json.dumps({str(i): 1 for i in range(301)}), ("/generate",),
+     "logit_bias"),
+    ("logit_bias keys that alias (07 is 7)", '"logit_bias": {"07": 1}', ("/generate",), "logit_bias"),
+    ("top_logprobs 21", '"logprobs": true, "top_logprobs": 21', ("/v1/chat/completions",), "top_logprobs"),
+    ("a json_schema that compiles for seconds", '"json_schema": ' + json.dumps(json.dumps(nested(400))),
+     ("/generate",), "json_schema"),
+    ("a response_format that compiles for seconds", '"response_format": ' + json.dumps(
+        {"type": "json_schema", "json_schema": {"name": "deep", "schema": nested(400)}}),
+     ("/v1/chat/completions",), "response_format"),
+    ("a tool whose structural tag compiles for seconds", '"tool_choice": "required", "tools": ' + json.dumps(
+        [{"type": "function", "function": {"name": "f", "parameters": PATTERNS, "strict": True}}]),
+     ("/v1/chat/completions",), "tools"),
+    ("129 tools", '"tools": ' + json.dumps([{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]),
+     ("/v1/chat/completions",), "tools"),
 ]
 CASES = [(name, members, ep, words) for name, members, eps, words in PROBES for ep in eps]
 
@@ -192,6 +221,69 @@ def test_a_non_streamed_client_that_disconnects_aborts_every_roles_copy(cluster,
     assert not decode_roles_idle(pdd, timeout_s=120)
     gen = sum(_generated(u) for u in (pdd.relay.url, pdd.main.url)) - gen_before
     assert gen < n // 2, f"the roles generated {gen} of {n} tokens after the client left"
+
+
+def test_a_request_beside_huge_list_form_bodies_is_served(cluster, reference_server, prompts):
+    """Issue 47: four 20 MB chat bodies whose text sits in list-form content parts are each a 400 naming the
+    context length, refused on their characters before any tokenizer runs; a normal request sent beside
+    them is served and exact within its client's 60 s timeout (before the text pre-check saw content parts,
+    one beside four 25 MB bodies waited 124 s)."""
+    pdd, router = cluster
+    part = {"type": "text", "text": "lorem ipsum " * 4096}
+    big = json.dumps({"model": "m", "max_tokens": 4, "messages": [
+        {"role": "user", "content": [part] * 400}]}).encode()
+    answers: list = []
+    threads = [threading.Thread(target=lambda: answers.append(post_raw(router.url + "/v1/chat/completions", big)))
+               for _ in range(4)]
+    for t in threads:
+        t.start()
+    ids = prompts.ids(300, seed=4703)
+    want = identity.reference(reference_server.url, ids, 24)
+    status, out = http_json(router.url + "/generate", greedy_body(ids, 24), timeout=60)
+    for t in threads:
+        t.join()
+    assert status == 200, out
+    identity.check(want, out["output_ids"], "beside four 20 MB bodies")
+    assert [s for s, _ in answers] == [400] * 4, answers
+    assert all("context length" in a["error"]["message"] for _, a in answers), answers
+
+
+def test_many_clients_leaving_at_random_moments_leave_nothing_behind(cluster, prompts):
+    """Issue 47: 36 clients on the three endpoints, streamed and not, each leaving at its own random moment
+    (seeded: before its body ends, while P prefills, mid-decode, around the handoff). The router aborts
+    every role's copy of each: the roles stop far short of what was asked, every decode pool and row comes
+    back, and the router holds nothing (no request in flight, on any peer, no body bytes, no tokenizer
+    job). Before asyncio.timeout replaced wait_for (bpo-42130 on Python 3.11), a cancellation that
+    arrived as the drain's read completed was lost and that client's request ran to its end."""
+    pdd, router = cluster
+    n, clients = 2000, 36
+    rng = random.Random(4701)
+    gen_before = sum(_generated(u) for u in (pdd.relay.url, pdd.main.url))
+    host, port = router.url.removeprefix("http://").split(":")
+
+    moments = [(rng.uniform(0, 2.5), rng.random() < 0.1) for _ in range(clients)]  # a tenth leave mid-body
+
+    def leave(i: int) -> None:
+        endpoint = ENDPOINTS[i % 3]
+        body = body_for(endpoint, prompts.ids(150 + 7 * i, seed=4702 + i), n, ignore_eos=True)
+        body = json.dumps({**body, "stream": bool(i // 3 % 2)}).encode()
+        head = (f"POST {endpoint} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        wait, cut = moments[i]
+        with socket.create_connection((host, int(port))) as s:
+            s.sendall(head + (body[:len(body) // 2] if cut else body))
+            time.sleep(wait)
+    threads = [threading.Thread(target=leave, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not decode_roles_idle(pdd, timeout_s=120)
+    gauges = ("sglang_pdd_router_in_flight", "sglang_pdd_router_peer_in_flight", "sglang_pdd_router_body_bytes",
+              "sglang_pdd_router_tokenizer_queue")
+    _wait(lambda: not any(v for g in gauges for v in metric(router.url, g).values()))
+    gen = sum(_generated(u) for u in (pdd.relay.url, pdd.main.url)) - gen_before
+    assert gen < clients * n // 4, f"the roles generated {gen} of {clients * n} tokens after the clients left"
 
 
 def _generated(url: str) -> float:
