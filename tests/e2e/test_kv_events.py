@@ -129,7 +129,8 @@ def test_the_router_routes_on_mds_exact_cache(md, server_group, prompts, tiny_mo
     router = server_group.start(f"router-{PAIR_PORT + 2}", PddRouterConfig(
         prefill=[(md.prefill.url, BOOT)], relay=[], main=[md.decode.url], tokenizer=tiny_model,
         port=PAIR_PORT + 2, pipeline="direct",
-        extra=["--main-kv-events", f"tcp://127.0.0.1:{EVENTS}", f"tcp://127.0.0.1:{REPLAY}"])).wait_ready()
+        extra=["--main-kv-events", f"tcp://127.0.0.1:{EVENTS}", f"tcp://127.0.0.1:{REPLAY}"],
+        openai_frontend="builtin")).wait_ready()
     d1 = prompts.ids(500, seed=61)
     out, _ = md.turn(d1)  # not through the router: its approximate view never sees this conversation
     d2 = d1 + out + prompts.ids(60, seed=62)

@@ -51,7 +51,7 @@ def mla(server_group, mla_model, mla_reference):
     def router(name, port, pipeline):
         return server_group.start(name, PddRouterConfig(
             prefill=[(pdd.prefill.url, pdd.bootstrap_port)], relay=[(pdd.relay.url, TOKEN_PORT)],
-            main=[pdd.main.url], tokenizer=mla_model, port=port, pipeline=pipeline))
+            main=[pdd.main.url], tokenizer=mla_model, port=port, pipeline=pipeline, openai_frontend="builtin"))
 
     routers = {"relay": router("mla-router", BASE + 3, "relay"), "direct": router("mla-router-direct", BASE + 4,
                                                                                    "direct")}

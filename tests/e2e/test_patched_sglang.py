@@ -55,7 +55,7 @@ def cluster(patched, server_group, tiny_model):
     def router(name, port, pipeline):
         return server_group.start(name, PddRouterConfig(
             prefill=[(pdd.prefill.url, BOOT)], relay=[(pdd.relay.url, TOKEN_PORT)], main=[pdd.main.url],
-            tokenizer=tiny_model, port=port, pipeline=pipeline))
+            tokenizer=tiny_model, port=port, pipeline=pipeline, openai_frontend="builtin"))
 
     routers = {"relay": router("patched-router", BASE + 3, "relay"), "direct": router("patched-router-direct", BASE + 4,
                                                                                        "direct")}

@@ -32,13 +32,13 @@ def router(request, shared_clusters, server_group, tiny_model):
     p, rld, md, boot = pdd.prefill, pdd.relay, pdd.main, pdd.bootstrap_port
     base = 30800  # the routers': base + 3 ...
 
-    def launch(name, port, pipeline, extra=(), key=ROLE_KEY):
+    def launch(name, port, pipeline, extra=(), key=ROLE_KEY, frontend="auto"):
         return server_group.start(name, PddRouterConfig(
             prefill=[(p.url, boot)], relay=[(rld.url, pdd.token_port)], main=[md.url], tokenizer=tiny_model,
-            port=port, pipeline=pipeline, extra=list(extra), role_api_key=key))
+            port=port, pipeline=pipeline, extra=list(extra), role_api_key=key, openai_frontend=frontend))
 
-    def start(name, port, pipeline, extra=(), key=ROLE_KEY):
-        return launch(name, port, pipeline, extra, key).wait_ready()
+    def start(name, port, pipeline, extra=(), key=ROLE_KEY):  # the tests' own routers serve /generate alone
+        return launch(name, port, pipeline, extra, key, frontend="builtin").wait_ready()
 
     # launched together, then waited for: their start-ups overlap
     relay_router = launch("pdd-router", base + 3, "relay")

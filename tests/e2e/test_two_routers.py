@@ -40,7 +40,8 @@ def two(request, shared_clusters, server_group, tiny_model):
         prefill=[(pdd.prefill.url, pdd.bootstrap_port)], relay=[(pdd.relay.url, pdd.token_port)],
         main=[pdd.main.url], tokenizer=tiny_model, port=BASE + 3 + i, pipeline="auto",
         extra=["--main-kv-events", f"tcp://127.0.0.1:{MD_EVENTS}", f"tcp://127.0.0.1:{MD_EVENTS_REPLAY}",
-               "--bandwidth-poll-s", "0.5", "--load-poll-s", "0.5"], role_api_key=ROLE_KEY)) for i in range(2)]
+               "--bandwidth-poll-s", "0.5", "--load-poll-s", "0.5"], role_api_key=ROLE_KEY, openai_frontend="builtin"))
+        for i in range(2)]
     for r in routers:
         r.wait_ready()
     return pdd, routers

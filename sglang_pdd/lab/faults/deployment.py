@@ -94,7 +94,8 @@ class FaultDeployment:
             extra=["--migration-limit", "1", "--health-check-s", "1", "--load-poll-s", "0.5",
                    "--request-timeout", f"{t.request:g}", "--prefill-idle-timeout", f"{t.prefill_idle:g}",
                    "--relay-idle-timeout", f"{t.relay_idle:g}", "--main-idle-timeout", f"{t.main_idle:g}"],
-            env=env), "A")  # the router signs P's and MD's PDD parameters with the servers' secret
+            env=env, openai_frontend="builtin"), "A")  # the router signs P's and MD's PDD parameters with the
+        # servers' secret; builtin frontend: the suite's traffic is /generate (traffic.request)
         self.healthy(120.0)
 
     def _add(self, name: str, cfg, side: str) -> None:

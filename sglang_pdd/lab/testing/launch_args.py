@@ -125,6 +125,9 @@ class PddRouterConfig:
     env: dict[str, str] = field(default_factory=dict)  # e.g. SGLANG_PDD_SECRET: it signs P's and MD's parameters
     role_api_key: str | None = None  # the roles' --api-key, given as SGLANG_PDD_ROLE_API_KEY (None: the roles
     # are open, so the router is started with --insecure-roles, which the router refuses to start without)
+    # --openai-frontend: "builtin" for a router that serves /generate alone (its start skips sglang's chat
+    # layer, some 10 s of CPU on the 2-core box); "auto" (sglang's, installed here) for the OpenAI endpoints
+    openai_frontend: str = "auto"
 
     @property
     def url(self) -> str:
@@ -141,6 +144,8 @@ class PddRouterConfig:
             a += ["--main", url]
         if self.role_api_key is None:
             a.append("--insecure-roles")
+        if self.openai_frontend != "auto":
+            a += ["--openai-frontend", self.openai_frontend]
         # the grammar workers (seconds of CPU each start) only for a router that sees a grammar
         return a + ["--grammar-start", "first-use"] + list(self.extra)
 
