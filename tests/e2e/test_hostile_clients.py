@@ -89,9 +89,7 @@ def nested(n: int) -> dict:
     return s
 
 
-# 3000 patternProperties: 3-15 s to compile (tests/unit/router/api/grammar/test_guard.py); a schema nested 400 deep:
-# 27 s (on the tiny model's 2048-token vocabulary, a loaded 2-core box)
-PATTERNS = {"type": "object", "patternProperties": {f"^p{i}[a-z]{{3,9}}$": {"type": "string"} for i in range(3000)}}
+# A schema nested 400 deep (nested(400)) compiles for 27 s on the tiny model's 2048-token vocabulary, a loaded 2-core box.
 # (name, raw JSON members, endpoints, words the error must contain)
 PROBES = [
     ("top_k over int32 (killed P)", '"top_k": 2147483648', ENDPOINTS, "top_k"),
@@ -121,9 +119,8 @@ PROBES = [
     ("a response_format that compiles for seconds", '"response_format": ' + json.dumps(
         {"type": "json_schema", "json_schema": {"name": "deep", "schema": nested(400)}}),
      ("/v1/chat/completions",), "response_format"),
-    ("a tool whose structural tag compiles for seconds", '"tool_choice": "required", "tools": ' + json.dumps(
-        [{"type": "function", "function": {"name": "f", "parameters": PATTERNS, "strict": True}}]),
-     ("/v1/chat/completions",), "tools"),
+    # (a tools list that compiles for seconds renders a prompt longer than the tiny model's 32768 tokens, refused
+    # on its length first: tests/unit/router/api/grammar/test_guard.py sends one through sglang's chat layer)
     ("129 tools", '"tools": ' + json.dumps([{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]),
      ("/v1/chat/completions",), "tools"),
 ]
