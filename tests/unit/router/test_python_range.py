@@ -29,6 +29,21 @@ HERE = os.path.relpath(os.path.abspath(__file__), REPO)
 PINS = ("requirements/sglang-cpu.txt", "requirements/dev.txt")  # constraints: the main run's versions
 STAMP_INPUTS = ("pyproject.toml", "setup.py") + PINS
 MIN_SHARE = 0.8  # of the tests the main interpreter collects under tests/unit/router
+# The network namespace this process had when pytest imported the module (collection, before tests/conftest's
+# private_netns moves the process into one of its own, where no package index is reached): pip runs in it.
+try:
+    HOST_NETNS = os.open("/proc/self/ns/net", os.O_RDONLY)
+except OSError:
+    HOST_NETNS = None
+
+
+def _in_host_netns() -> None:
+    """preexec_fn: the child joins HOST_NETNS before it runs pip (setns(2); Python 3.11 has no os.setns)."""
+    if HOST_NETNS is not None:
+        import ctypes
+
+        if ctypes.CDLL(None, use_errno=True).setns(HOST_NETNS, 0x40000000) != 0:  # CLONE_NEWNET
+            raise OSError(ctypes.get_errno(), "setns to the host network namespace")
 
 # file (under tests/unit/router) -> (what its tests need, the tests that need it; none: the whole file, not imported)
 LEFT_TO_THE_MAIN_RUN: dict[str, tuple[str, list[str]]] = {
@@ -132,7 +147,7 @@ def router_venv(python: str, version: str, artifacts: str) -> tuple[str, float |
         # --no-compile: bytecode for all of transformers is most of pip's CPU time; the tests import a few
         r = subprocess.run([vpy, "-m", "pip", "install", "-q", "--no-compile", "--disable-pip-version-check", *pins,
                             "-e", f"{REPO}[router]", "pytest", "pytest-timeout"],
-                           capture_output=True, text=True, timeout=420)
+                           capture_output=True, text=True, timeout=420, preexec_fn=_in_host_netns)
         if not had_egg_info:  # setuptools' by-product in the tree (the main venv's metadata is in its site-packages)
             shutil.rmtree(egg_info, ignore_errors=True)
         noise = "is ignored: it is neither a file nor a directory"
