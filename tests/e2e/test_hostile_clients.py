@@ -33,7 +33,7 @@ BASE = 31500
 EAGER = 4
 HEADER_TIMEOUT_S = 2
 BODY_TIMEOUT_S = 3
-GRAMMAR_TIMEOUT_S = 0.5  # the slow grammars below compile for 3 s or more on the 2-core box
+GRAMMAR_TIMEOUT_S = 0.5  # the slow grammars below (nested(400)) compile for 27 s
 ENDPOINTS = ("/generate", "/v1/completions", "/v1/chat/completions")
 
 
@@ -83,13 +83,14 @@ def raw_body(endpoint: str, keys_json: str) -> bytes:
 
 
 def nested(n: int) -> dict:
+    """A JSON schema of objects nested `n` deep (400 deep: 27 s to compile on the tiny model's 2048-token
+    vocabulary, a loaded 2-core box; test_guard's twin)."""
     s = {"type": "string"}
     for _ in range(n):
         s = {"type": "object", "properties": {"a": s}, "required": ["a"]}
     return s
 
 
-# A schema nested 400 deep (nested(400)) compiles for 27 s on the tiny model's 2048-token vocabulary, a loaded 2-core box.
 # (name, raw JSON members, endpoints, words the error must contain)
 PROBES = [
     ("top_k over int32 (killed P)", '"top_k": 2147483648', ENDPOINTS, "top_k"),
@@ -257,7 +258,6 @@ def test_many_clients_leaving_at_random_moments_leave_nothing_behind(cluster, pr
     rng = random.Random(4701)
     gen_before = sum(_generated(u) for u in (pdd.relay.url, pdd.main.url))
     host, port = router.url.removeprefix("http://").split(":")
-
     moments = [(rng.uniform(0, 2.5), rng.random() < 0.1) for _ in range(clients)]  # a tenth leave mid-body
 
     def leave(i: int) -> None:
@@ -270,6 +270,7 @@ def test_many_clients_leaving_at_random_moments_leave_nothing_behind(cluster, pr
         with socket.create_connection((host, int(port))) as s:
             s.sendall(head + (body[:len(body) // 2] if cut else body))
             time.sleep(wait)
+
     threads = [threading.Thread(target=leave, args=(i,)) for i in range(clients)]
     for t in threads:
         t.start()

@@ -346,9 +346,8 @@ def chat(layer, body: dict, grammar: GrammarBounds):
 
 
 def test_a_tools_list_whose_structural_tag_is_slow_is_a_400_naming_tools(layer):
-    # One tool whose arguments have 3000 patternProperties: its structural tag compiles in 2.8-3.6 s. (48
-    # tools nested 60 deep, the probe before, compile in 0.09-0.15 s: at the bound, so the verdict flipped
-    # between machines. sglang cannot serialize a tool nested 200 deep: pydantic's depth limit.)
+    # 3000 patternProperties: 2.8-3.6 s (48 tools nested 60 deep, before: 0.09-0.15 s, at the bound; sglang's
+    # chat layer refuses a tool nested 150 deep or more itself)
     tools = [{"type": "function", "function": {"name": "f", "parameters": json.loads(PATTERNS), "strict": True}}]
     status, text, bodies = chat(layer, {"tools": tools, "tool_choice": "required"}, TIGHT)
     assert status == 400, text
