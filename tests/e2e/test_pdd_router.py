@@ -243,10 +243,15 @@ def test_chat_completions_match_a_single_server(router, reference_server, stream
 
 
 def test_stop_string_after_the_handoff_is_honoured(router, reference_server, prompts):
+    # the stop string sits about 300 tokens in: far past the handoff (k is about 5 here), so that a slow
+    # machine's late MD still takes over before RLD could reach it (a stop at 60 tokens once ended on RLD
+    # on CI's two cores, with no handoff)
     ids = prompts.ids(300, seed=120)
-    full = http_json(reference_server.url + "/generate", greedy_body(ids, 120))[1]["text"]
-    stop = full[len(full) // 2: len(full) // 2 + 6]  # past the eager tokens (60 of 120 tokens in)
-    body = {"model": "tiny", "prompt": ids, "max_tokens": 120, "temperature": 0, "ignore_eos": True, "stop": [stop]}
+    full = http_json(reference_server.url + "/generate", greedy_body(ids, 400))[1]["text"]
+    at = len(full) * 3 // 4
+    stop = full[at: at + 6]
+    assert full.find(stop) == at, "the stop string occurs earlier: pick another slice"
+    body = {"model": "tiny", "prompt": ids, "max_tokens": 400, "temperature": 0, "ignore_eos": True, "stop": [stop]}
     expected = openai(reference_server.url, "/v1/completions", body, stream=False)["choices"][0]
     before = handoffs_on_main(router)
     got = openai(router["relay"].url, "/v1/completions", body, stream=False)["choices"][0]
