@@ -79,10 +79,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="--scenario never-lose and kv-format: comma-separated seeds (workload and line "
                          "jitter on the paper workload; line jitter on a --trace) (default: 0,1,2 for "
                          "never-lose, 0 for kv-format)")
-    ap.add_argument("--relay", choices=("mixed", "partition", "dedicated"), default="mixed",
+    ap.add_argument("--relay", choices=("pool", "mixed", "partition", "dedicated"), default="pool",
                     help="--scenario never-lose: the relay on P sharing its KV pool, decoding in P's own "
-                         "batches (mixed, default) or on an SM partition of P (partition), or the paper's "
-                         "RLD pool of its own, billed (dedicated) (docs/sim.md §9)")
+                         "batches, and an elastic relay pool billed while up when P has no spare capacity "
+                         "(pool, default); the relay on P only (mixed) or on an SM partition of P "
+                         "(partition); or the paper's RLD pool of its own, billed (dedicated) (docs/sim.md §9)")
     ap.add_argument("--export-trace", metavar="TRACE.jsonl",
                     help="write the paper-scale workload (at --load req/s) as a JSONL trace and exit")
     ap.add_argument("--plots", metavar="DIR", help="write PNG plots (needs matplotlib)")

@@ -27,6 +27,7 @@ class GoodputResult:
     rate: float  # offered request_rate at the best passing point
     summary: Optional[Summary]  # that run (goodput_rps and bcr filled in)
     runs: int
+    run: Optional[RunResult] = None  # the best passing run (its records and cluster)
 
     @property
     def goodput_rps(self) -> float:
@@ -89,5 +90,5 @@ def search_goodput(spec: SystemSpec, sla: Sla, run_at: Callable[[float], RunResu
             hi = mid
     s = best.summary
     s.goodput_rps = s.sla_rps
-    s.bcr = s.goodput_rps / spec.price_per_hour
-    return GoodputResult(best_rate, s, runs)
+    s.bcr = s.goodput_rps / s.price_per_hour  # the run's bill (an elastic pool's varies)
+    return GoodputResult(best_rate, s, runs, best)

@@ -71,7 +71,7 @@ def run_kv_format(s: PaperSetting, names: Sequence[str] = DEFAULT_MODELS, seeds:
     for name in names:
         st = setting_for(s, MODELS[name])
         points = run_bathtub(st, hits=hits, length=LENGTH, out=OUT)
-        runs = run_never_lose(st, seeds, tr, regimes, probe_rate, lo=probe_rate / 4)
+        runs = run_never_lose(st, seeds, tr, regimes, probe_rate, lo=probe_rate / 4, relay="mixed", adaptive=False)
         out[name] = ModelResult(st, points, wan_wall(points), runs)
     return out
 

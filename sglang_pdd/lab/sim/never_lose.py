@@ -9,8 +9,11 @@ WAN prediction, relay admission from the prefilling P's slack and headroom (the 
 to P's other requests, from P's recent busy fraction and the slowdown its relay causes, which the
 deployment knows: `mixed_slowdown` or `prefill_factor`), odd traffic on the relay, and MD kept warm
 by background prompt transfers when the line has room. The P is chosen before the route, so the route
-reads the P that will host the relay. `DedicatedNeverLoseCluster` runs the same route with a relay
-pool of its own.
+reads the P that will host the relay. With `NeverLoseSpec.pool` (issue 46) the route is
+`policy.relay_placement.decide`: P's spare capacity first, then an elastic relay pool (`relay_pool`)
+whose instances join and leave with the requests at risk and are billed for the time they are up;
+the run's bill (`bill_per_hour`) is then P, MD and the pool's instance-hours. `DedicatedNeverLoseCluster`
+runs the same route with a relay pool of its own.
 """
 
 from __future__ import annotations
@@ -21,15 +24,20 @@ from typing import ClassVar, Optional
 from sglang_pdd.policy.busy_fraction import BusyFraction
 from sglang_pdd.policy.peer_choice import Candidate
 from sglang_pdd.policy.pipeline import Pipeline
-from sglang_pdd.lab.sim.cluster import Cluster
+from sglang_pdd.policy.relay_placement import Placement, PlacementConfig
+from sglang_pdd.policy.relay_placement import decide as place
+from sglang_pdd.policy.relay_pool_scale import PoolScaleConfig
+from sglang_pdd.lab.sim.cluster import Cluster, decode_max_batch, pool_cost
 from sglang_pdd.lab.sim.colocated_relay import ColocatedCluster, ColocatedRelaySpec
 from sglang_pdd.lab.sim.cost_model import Chunk
 from sglang_pdd.lab.sim.lane import LineRateEstimator
 from sglang_pdd.lab.sim.mixed_batch_relay import mixed_slowdown, ride_on_prefill
 from sglang_pdd.lab.sim.never_lose_rules import Decision, NeverLoseConfig, Observation, decide
 from sglang_pdd.lab.sim.prefill import PrefillJob
+from sglang_pdd.lab.sim.decode import DecodeInstance
 from sglang_pdd.lab.sim.records import RequestRecord
 from sglang_pdd.lab.sim.relay import RequestState
+from sglang_pdd.lab.sim.relay_pool import ElasticRelayPool, RelayPoolSpec
 from sglang_pdd.lab.sim.shared_kv_pool import pool_memory
 from sglang_pdd.lab.sim.systems import PoolSpec, SystemSpec
 from sglang_pdd.lab.workload.request import WorkloadRequest
@@ -46,6 +54,10 @@ class NeverLoseRouting:
         tau = spec.busy_tau_s if spec.busy_tau_s is not None else max(2 * spec.rules.wan_budget_s, 1.0)
         self.p_busy = [BusyFraction(tau) for _ in self.P]
         self.line_busy = BusyFraction(tau)
+        slo = getattr(spec, "ttft_slo_s", None) or 2 * spec.rules.wan_budget_s  # the scenario's budget is half of it
+        self.placement = PlacementConfig(self.rules, slo, getattr(spec, "pool_budget_s", None))
+        self.pool: Optional[ElasticRelayPool] = None
+        self._pool_of: dict[str, int] = {}  # request -> pool instance, placed at arrival
         self.decisions: dict[str, Decision] = {}
         self.warm_sent = 0
         self.warm_bytes = 0.0
@@ -74,7 +86,16 @@ class NeverLoseRouting:
         d = self._md_of(w)
         md_hit = self.drc[d].hit_req(w) if self.drc else 0
         p = self._pick_p_cached(w) if self.pc is not None else self._pick_p()
-        dec = decide(self.rules, self.observe(w, md_hit, p))
+        obs = self.observe(w, md_hit, p)
+        if self.pool is None:
+            dec = decide(self.rules, obs)
+        else:
+            hit = self.pc[p].peek_req(w) if self.pc is not None else w.prefix_hit_len
+            p_ttft = obs.p_wait_s + (w.input_len - hit) / self.p_tokens_per_s
+            dec = place(self.placement, obs, p_ttft, self.pool.view())
+            self.pool.note(dec.at_risk)
+            if dec.placement is Placement.POOL:
+                self._pool_of[w.request_id] = self.pool.place()
         self.decisions[w.request_id] = dec
         p_hit = self.pc[p].hit_req(w) if self.pc is not None else w.prefix_hit_len
         rec = RequestRecord(w.request_id, w.session_id, w.turn, self.loop.now, w.input_len,
@@ -106,7 +127,8 @@ class NeverLoseRouting:
 class NeverLoseCluster(NeverLoseRouting, ColocatedCluster):
     """The relay co-located on P, sharing P's KV pool. `relay_batching` "mixed": it decodes in P's own
     batches, prefill first (`mixed_batch_relay`; the headroom rule reads `mixed_slowdown`);
-    "partition": an SM partition, every prefill step `prefill_factor` as long while it decodes."""
+    "partition": an SM partition, every prefill step `prefill_factor` as long while it decodes.
+    With `spec.pool`, the elastic relay pool's instances follow the co-located relays in `R`."""
 
     def __init__(self, spec, model, eff, *a, **kw):
         super().__init__(spec, model, eff, *a, **kw)
@@ -118,6 +140,33 @@ class NeverLoseCluster(NeverLoseRouting, ColocatedCluster):
         slowdown = (spec.prefill_factor if spec.relay_batching == "partition"
                     else mixed_slowdown(raw, spec.chunk_size, self.context_tokens))
         self._init_routing(spec, raw, slowdown)
+        if spec.pool is not None:
+            self._add_pool(spec, model, eff, kw.get("tpot_target_s", 0.1))
+
+    def _add_pool(self, spec, model, eff, tpot_target_s: float) -> None:
+        shape = spec.pool_instance
+        cost = pool_cost(model, shape, eff)
+        batch = decode_max_batch(cost, shape, self.context_tokens, tpot_target_s)
+        inst = [DecodeInstance(self.loop, cost, f"E{j}", batch) for j in range(spec.pool.max_instances)]
+        self.R.extend(inst)
+        scale = PoolScaleConfig(shape.price_per_hour, spec.price_per_hour, spec.pool.min_instances,
+                                spec.pool.max_instances)
+        self.pool = ElasticRelayPool(self.loop, inst, spec.pool, scale)
+
+    def _pick_rld(self, st) -> int:
+        j = self._pool_of.pop(st.w.request_id, None)
+        if j is None:
+            return st.p
+        self.pool.reserved(j)
+        return len(self.P) + j
+
+    def bill_per_hour(self, start_s: float, end_s: float) -> float:
+        """The run's mean bill: P and MD, and the pool's instance-hours over the run's span."""
+        base = self.spec.price_per_hour
+        if self.pool is None or end_s <= start_s:
+            return base
+        up = self.pool.instance_seconds(start_s, end_s) / (end_s - start_s)
+        return base + up * self.spec.pool_instance.price_per_hour
 
 
 class DedicatedNeverLoseCluster(NeverLoseRouting, Cluster):
@@ -135,8 +184,17 @@ class NeverLoseSpec(ColocatedRelaySpec):
     # budget is half of it (the horizon over which a slowed P costs other requests their SLA)
     busy_tau_s: Optional[float] = None
     relay_batching: str = "mixed"  # or "partition" (§7's SM split)
+    pool: Optional[RelayPoolSpec] = None  # the elastic relay pool (issue 46); None: relay on P only
+    pool_budget_s: Optional[float] = None  # a pool instance that is up relays a WAN time over this (None: 2 RTT)
+    ttft_slo_s: Optional[float] = None  # the TTFT SLA the pool's at-risk count reads (None: twice the WAN budget)
 
     cluster_class: ClassVar[type] = NeverLoseCluster
+
+    @property
+    def pool_instance(self) -> PoolSpec:
+        """One pool instance: the shape of a P instance (its chip, its chips)."""
+        p = self.prefill
+        return PoolSpec(p.chip, 1, p.chips_per_instance)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -42,11 +42,21 @@ def run(spec: SystemSpec, model: ModelSpec, reqs: Sequence[WorkloadRequest], sla
     cluster = cls(spec, model, eff, context_tokens=ctx, tpot_target_s=sla.tpot_s * 0.8)
     records = cluster.run(reqs, until=window_s + drain_s, closed_loop=closed_loop)
     wan = cluster.wan.bytes_sent if cluster.wan is not None else 0.0
-    s = summarize(spec.name, spec.chips_label(), spec.price_per_hour, records, window_s, sla, wan,
+    s = summarize(spec.name, spec.chips_label(), _bill(spec, cluster, records), records, window_s, sla, wan,
                   span_s=_span(records))
     logger.info("%s: %d/%d finished, %d events", spec.name, s.finished, s.requests,
                 cluster.loop.processed)
     return RunResult(s, records, cluster)
+
+
+def _bill(spec: SystemSpec, cluster: Cluster, records: Sequence[RequestRecord]) -> float:
+    """The bill per hour: the spec's, or the run's mean where capacity is billed while up (an elastic
+    relay pool: `bill_per_hour` over the first arrival to the last finish)."""
+    bill = getattr(cluster, "bill_per_hour", None)
+    if bill is None or not records:
+        return spec.price_per_hour
+    start = min(r.arrival_s for r in records)
+    return bill(start, start + _span(records))
 
 
 def _span(records: Sequence[RequestRecord]) -> float:

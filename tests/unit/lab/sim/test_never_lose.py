@@ -212,9 +212,10 @@ def test_md_is_chosen_as_xdc_pd_drc_chooses_it(reqs):
 
 def test_the_scenario_budgets_half_the_ttft_sla():
     s = PaperSetting()
-    drc, nl = compared_specs(replace(s, sla=replace(s.sla, ttft_s=3.0)))
+    drc, nl, ad = compared_specs(replace(s, sla=replace(s.sla, ttft_s=3.0)))
     assert drc.name == "xdc-pd-drc" and nl.name == "pdd-never-lose"
     assert nl.rules.wan_budget_s == 1.5 and nl.price_per_hour == drc.price_per_hour
+    assert nl.pool_budget_s is None and nl.pool.min_instances == 0 and ad.name == "pdd-adaptive"
 
 
 def test_the_dedicated_variant_bills_its_pool_and_relaying_does_not_slow_p(reqs):
@@ -231,7 +232,7 @@ def test_the_dedicated_variant_bills_its_pool_and_relaying_does_not_slow_p(reqs)
     assert not any("no relay: P busy" in r.route_reason for r in res.records)
     assert all(r.finished for r in res.records) and set(c.finish_count.values()) == {1}
     assert all(d.used == 0 for d in c.D + c.R) and all(p.used == 0 for p in c.P)
-    drc, nl = compared_specs(PaperSetting(), relay="dedicated")
+    drc, nl, _ = compared_specs(PaperSetting(), relay="dedicated")
     bw = {sp.name: sp for sp in pdd_specs(PaperSetting())}["pdd-bw"]
     assert nl.name == "pdd-never-lose" and nl.relay == bw.relay and nl.price_per_hour == bw.price_per_hour
 
