@@ -320,6 +320,34 @@ def test_client_pdd_params_are_dropped_and_md_keeps_serving(router, reference_se
     check_generate(router, reference_server, ids2, pipeline, stream=False)
 
 
+def test_main_fails_cleanly_when_the_relay_never_heard_of_the_request(router, reference_server, prompts):
+    """RLD without the request: MD's copy ends with a clear error after its handoff timeout (10 s on this
+    cluster; RLD's answer for an unknown room also comes after it), and MD keeps serving. (A relay MD does
+    not trust is refused at once, before any timeout: test_main_robustness.)"""
+    import random
+    import threading
+
+    from sglang_pdd.lab.testing.pdd_client import signer_from_env
+    from sglang_pdd.protocol.request import RequestParams
+
+    pdd = router["pdd"]
+    room = random.getrandbits(63)
+    body = greedy_body(prompts.ids(60, seed=90), 8)
+    body["sampling_params"]["custom_params"] = signer_from_env().sign(
+        RequestParams(v=1, relay_room=room, relay=pdd.roles.token_channel), room).to_custom_params()
+    body.update(bootstrap_host="127.0.0.1", bootstrap_port=pdd.bootstrap_port, bootstrap_room=room,
+                rid=f"no-handoff-{room}")
+    t = threading.Thread(target=role_call, args=(pdd.prefill.url, "/generate", body, ROLE_KEY))
+    t.start()
+    status, reply = role_call(pdd.main.url, "/generate", body, key=ROLE_KEY)
+    role_call(pdd.prefill.url, "/abort_request", {"rid": body["rid"]}, key=ROLE_KEY)  # P's copy: nobody to serve
+    t.join()
+    assert status >= 400, reply
+    assert "relay" in str(reply), reply
+    assert router["main"].alive()
+    check_generate(router, reference_server, prompts.ids(50, seed=91), "relay", stream=False, what="after a failure")
+
+
 # -- who may talk to a role: the router, with the key (docs/faults.md) ------------------------------
 
 def role_call(url: str, path: str, body: dict | None = None, key: str | None = None) -> tuple[int, object]:

@@ -159,12 +159,13 @@ def ordering_noise(model, ids: list[int], g: Greedy, rng: random.Random) -> dict
             "batch of 8 vs 1": float((batched - decoded[0]).abs().max())}
 
 
-def measure(model, trials: int = 40, seed: int = 0, n_new: int = 64, noise: bool = True) -> Figures:
+def measure(model, trials: int = 40, seed: int = 0, n_new: int = 64, noise: bool = True,
+            lengths: tuple[int, ...] = LENGTHS) -> Figures:
     t0 = time.monotonic()
     rng = random.Random(seed)
     vocab = model.config.vocab_size
     fig = Figures()
-    for n in LENGTHS:
+    for n in lengths:
         g = greedy(model, random_ids(rng, vocab, n), n_new)
         fig.distinct.append(len(set(g.tokens)))
         fig.margins += g.margins
