@@ -24,6 +24,7 @@ from sglang_pdd.lab.sim.relay_regimes import relay_regimes_report, run_relay_reg
 from sglang_pdd.lab.sim.report import paper_report
 from sglang_pdd.lab.sim.sizing import sizing_report
 from sglang_pdd.lab.sim.trace_run import load_trace, run_trace, run_trace_regimes, trace_report
+from sglang_pdd.lab.sim.trace_sizing import run_trace_sizing, trace_sizing_report
 from sglang_pdd.lab.sim.wan_sweep import run_wan_sweep, wan_sweep_report
 from sglang_pdd.lab.workload.generator import generate
 from sglang_pdd.lab.workload.mooncake import MooncakeOptions, add_trace_options, options_from
@@ -31,7 +32,8 @@ from sglang_pdd.lab.workload.trace import write_jsonl
 
 logger = logging.getLogger(__name__)
 
-SCENARIOS = ("paper", "bathtub", "oscillation", "wan-sweep", "relay-variants", "trace", "never-lose", "kv-format")
+SCENARIOS = ("paper", "bathtub", "oscillation", "wan-sweep", "relay-variants", "trace", "never-lose", "kv-format",
+             "sizing")
 
 
 def _setting(args: argparse.Namespace) -> PaperSetting:
@@ -56,13 +58,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sglang_pdd.lab.sim", description=__doc__)
     ap.add_argument("--scenario", choices=SCENARIOS, default="paper")
     ap.add_argument("--sizing", action="store_true",
-                    help="search the cheapest PDD chip mix meeting the SLA at --load")
+                    help="search the cheapest PDD chip mix meeting the SLA at --load (the paper workload; "
+                         "--scenario sizing --trace FILE: the recommended deployment for a trace)")
     ap.add_argument("--load", type=float, default=None,
                     help="offered req/s for --sizing; --scenario kv-format: the probe load (default 4)")
     ap.add_argument("--calibrate", metavar="REPORT.json",
                     help="compare a measured testbed report with the simulator (see docs/sim.md)")
     ap.add_argument("--trace", metavar="TRACE.jsonl",
-                    help="workload trace for --scenario trace and --calibrate: our JSONL, or the "
+                    help="workload trace for --scenario trace, never-lose, sizing and --calibrate: our JSONL, or the "
                          "Mooncake format (timestamp, input_length, output_length, hash_ids), "
                          "recognised by its fields")
     ap.add_argument("--systems", default="same-dc-pd,xdc-pd-drc,pdd-adaptive,pdd-bw",
@@ -138,7 +141,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(run_trace_regimes(s, tr, systems, goodput=not args.no_goodput))
         else:
             print(trace_report(tr, run_trace(s, tr, systems, goodput=not args.no_goodput)))
-    elif args.sizing:
+    elif args.scenario == "sizing" and args.trace:
+        tr = load_trace(args.trace, _mooncake_options(ap, args))
+        print(trace_sizing_report(tr, s, run_trace_sizing(s, tr)))
+    elif args.sizing or args.scenario == "sizing":
         print(sizing_report(s, args.load))
     elif args.scenario == "paper":
         res = run_paper(s)

@@ -192,9 +192,10 @@ class NeverLoseSpec(ColocatedRelaySpec):
 
     @property
     def pool_instance(self) -> PoolSpec:
-        """One pool instance: the shape of a P instance (its chip, its chips)."""
+        """One pool instance: P's chip, `pool.chips_per_instance` of them (P's count if None)."""
         p = self.prefill
-        return PoolSpec(p.chip, 1, p.chips_per_instance)
+        n = self.pool.chips_per_instance if self.pool is not None else None
+        return PoolSpec(p.chip, 1, n or p.chips_per_instance)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -9,18 +9,24 @@ starts instances to reach it at once; it stops one only after the target has bee
 for `hold_s` (a Kubernetes HPA's scale-down stabilisation window). The defaults and why
 (docs/sim.md §9):
 
-* `startup_s` 30 s: a relay instance of the paper's model (230 GB of fp8 weights on 8 chips) on a
-  node that is already in the cluster, its GPUs lent to lower-priority work (batch inference, evals)
-  while the relay is down, the image pulled and the weights in the host's page cache: some 29 GB per
-  chip at 10-20 GB/s, plus sglang's start and CUDA graph capture. A cold node (a new VM, the image
-  pulled, weights over the network) takes minutes: a larger `startup_s`, and on the shared trace's
-  compressed replays a pool that comes up too late (docs/sim.md §9).
+* `startup_s` 10 s: "billed for the time it is up" presumes the instance's GPUs do other work while it
+  is down, so a relay instance sleeps on GPUs lent to lower-priority work (batch inference, evals),
+  its process alive and its weights in host memory, as sglang's `release_memory_occupation` /
+  `resume_memory_occupation` let RL frameworks time-share GPUs: waking is the borrowed work's
+  preemption and the weights back over PCIe (some 29 GB per chip of the paper's 230 GB fp8 model, 1-2 s
+  at 20-25 GB/s). A node started from nothing (VM, image, weights from storage, CUDA graphs) takes
+  30 s to minutes; with 30 s the shared trace's compressed replays lose their first half minute
+  (docs/sim.md §9 has that table too).
+* `chips_per_instance` None: a P instance's shape (8 A). 4 A (the smallest that holds the weights)
+  halves an instance's price but its KV holds few of the paper workload's 64K contexts, so a second
+  instance came up wherever one did, and the first came up sooner (its price is a smaller share).
 * `min_instances` 0: an instance kept up is 11 % of xdc-pd-drc's bill (8 A of 72), which is what
   the dedicated pool loses where relaying does not pay; with 0 the bill is xdc-pd-drc's there.
 * `max_instances` 2: the relayed load of the four P instances (the shared trace relays up to 60 % of
   its requests, short outputs) fits one instance's batch; the second is for bursts.
-* `hold_s` 120 s (four start-ups: an instance that leaves and is wanted back within that costs its
-  start-up again), `window_s` 30 s, `tick_s` 5 s.
+* `hold_s` 120 s (a Kubernetes HPA waits 300 s by default before it scales down; the fluctuating
+  line's dips come every 10 s, so an instance that left after one would be wanted back at the next),
+  `window_s` 30 s, `tick_s` 5 s. None of these was tuned on the goal tables.
 """
 
 from __future__ import annotations
@@ -37,7 +43,8 @@ from sglang_pdd.lab.sim.engine import EventLoop
 
 @dataclass(frozen=True)
 class RelayPoolSpec:
-    startup_s: float = 30.0
+    startup_s: float = 10.0
+    chips_per_instance: Optional[int] = None  # None: a P instance's (8 A)
     min_instances: int = 0
     max_instances: int = 2
     hold_s: float = 120.0
