@@ -86,18 +86,17 @@ class NeverLoseRouting:
         d = self._md_of(w)
         md_hit = self.drc[d].hit_req(w) if self.drc else 0
         p = self._pick_p_cached(w) if self.pc is not None else self._pick_p()
+        p_hit = self.pc[p].hit_req(w) if self.pc is not None else w.prefix_hit_len
         obs = self.observe(w, md_hit, p)
         if self.pool is None:
             dec = decide(self.rules, obs)
         else:
-            hit = self.pc[p].peek_req(w) if self.pc is not None else w.prefix_hit_len
-            p_ttft = obs.p_wait_s + (w.input_len - hit) / self.p_tokens_per_s
+            p_ttft = obs.p_wait_s + (w.input_len - p_hit) / self.p_tokens_per_s
             dec = place(self.placement, obs, p_ttft, self.pool.view())
             self.pool.note(dec.at_risk)
             if dec.placement is Placement.POOL:
                 self._pool_of[w.request_id] = self.pool.place()
         self.decisions[w.request_id] = dec
-        p_hit = self.pc[p].hit_req(w) if self.pc is not None else w.prefix_hit_len
         rec = RequestRecord(w.request_id, w.session_id, w.turn, self.loop.now, w.input_len,
                             w.max_output_tokens, p_hit, md_hit, dec.pipeline.value, dec.reason,
                             w.odd)

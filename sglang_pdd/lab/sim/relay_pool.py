@@ -138,11 +138,8 @@ class ElasticRelayPool:
                 for i in [i for i, s in enumerate(self.state) if s == "down"][:want - n]:
                     self._start(i)
                 self._above_since = None
-            self.peak = max(self.peak, self.count())
-            self.loop.after(self.spec.tick_s, self._tick)
-            return
-        self._above_since = None
-        if want < n:
+        elif want < n:
+            self._above_since = None
             self._below_since = now if self._below_since is None else self._below_since
             if now - self._below_since >= self.spec.hold_s:
                 live = [i for i, s in enumerate(self.state) if s in ("starting", "up")]
@@ -151,7 +148,7 @@ class ElasticRelayPool:
                 self._below_since = now
                 self._stop_if_idle(i)
         else:
-            self._below_since = None
+            self._above_since = self._below_since = None
         self.peak = max(self.peak, self.count())
         self.loop.after(self.spec.tick_s, self._tick)
 
