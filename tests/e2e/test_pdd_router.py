@@ -328,13 +328,12 @@ def test_main_fails_cleanly_when_the_relay_never_heard_of_the_request(router, re
     import threading
 
     from sglang_pdd.lab.testing.pdd_client import signer_from_env
-    from sglang_pdd.protocol.request import RequestParams
+    from sglang_pdd.protocol.request import RequestParams, with_params
 
     pdd = router["pdd"]
     room = random.getrandbits(63)
-    body = greedy_body(prompts.ids(60, seed=90), 8)
-    body["sampling_params"]["custom_params"] = signer_from_env().sign(
-        RequestParams(v=1, relay_room=room, relay=pdd.roles.token_channel), room).to_custom_params()
+    body = with_params(greedy_body(prompts.ids(60, seed=90), 8), signer_from_env().sign(
+        RequestParams(v=1, relay_room=room, relay=pdd.roles.token_channel), room))
     body.update(bootstrap_host="127.0.0.1", bootstrap_port=pdd.bootstrap_port, bootstrap_room=room,
                 rid=f"no-handoff-{room}")
     t = threading.Thread(target=role_call, args=(pdd.prefill.url, "/generate", body, ROLE_KEY))
