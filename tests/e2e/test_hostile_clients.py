@@ -22,6 +22,7 @@ from sglang_pdd.lab.testing import identity
 from sglang_pdd.lab.testing.client import greedy_body
 from sglang_pdd.lab.testing.launch_args import PddRouterConfig
 from sglang_pdd.lab.testing.servers import http_json
+from sglang_pdd.lab.testing.slow_grammars import nested
 from sglang_pdd.protocol.reply import ReplyMeta
 
 from .cluster import by_state, decode_roles_idle, metric
@@ -33,7 +34,7 @@ BASE = 31500
 EAGER = 4
 HEADER_TIMEOUT_S = 2
 BODY_TIMEOUT_S = 3
-GRAMMAR_TIMEOUT_S = 0.5  # the slow grammars below (nested(400)) compile for 27 s
+GRAMMAR_TIMEOUT_S = 0.5  # the slow grammars below (slow_grammars.nested(400)) compile for 27 s
 ENDPOINTS = ("/generate", "/v1/completions", "/v1/chat/completions")
 
 
@@ -80,15 +81,6 @@ def raw_body(endpoint: str, keys_json: str) -> bytes:
     base = json.dumps(body_for(endpoint, [5, 6, 7], 4))
     marker = '"temperature": 0'
     return base.replace(marker, marker + ", " + keys_json, 1).encode()
-
-
-def nested(n: int) -> dict:
-    """A JSON schema of objects nested `n` deep (400 deep: 27 s to compile on the tiny model's 2048-token
-    vocabulary, a loaded 2-core box; test_guard's twin)."""
-    s = {"type": "string"}
-    for _ in range(n):
-        s = {"type": "object", "properties": {"a": s}, "required": ["a"]}
-    return s
 
 
 # (name, raw JSON members, endpoints, words the error must contain)

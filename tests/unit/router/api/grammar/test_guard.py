@@ -26,6 +26,7 @@ import pytest
 pytest.importorskip("xgrammar")
 
 from sglang_pdd.lab.testing import fake_upstream as fu  # noqa: E402
+from sglang_pdd.lab.testing.slow_grammars import nested  # noqa: E402
 from sglang_pdd.router.api.grammar import compile as gc  # noqa: E402
 from sglang_pdd.router.api.grammar import guard as grammar_guard  # noqa: E402
 from sglang_pdd.router.api.admission import MAX_GRAMMAR_CHARS, BadRequest, ModelLimits  # noqa: E402
@@ -34,13 +35,6 @@ from tests.unit.router.kit.front_door import connect, metrics_text, refused, req
 
 TIGHT = GrammarBounds(timeout_s=0.1, workers=1)
 SAFETY_S = 120.0  # a scenario's safety net (the forkserver's first start imports xgrammar and torch)
-
-
-def nested(n: int) -> dict:
-    s = {"type": "string"}
-    for _ in range(n):
-        s = {"type": "object", "properties": {"a": s}, "required": ["a"]}
-    return s
 
 
 DEEP = json.dumps(nested(200))
