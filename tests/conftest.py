@@ -26,6 +26,10 @@ ARTIFACTS = os.environ.get("SGLANG_PDD_ARTIFACTS", os.path.join(REPO, ".artifact
 os.environ.setdefault("SGLANG_PDD_SECRET", "sglang-pdd-test-secret")
 # Lets e2e tests ask a server for a negative control (e.g. MD discarding the eager tokens' KV).
 os.environ.setdefault("SGLANG_PDD_TESTING", "1")
+# sglang's scheduler and detokenizer forked from the launcher, not spawned (sglang_pdd.lab.compat.fork_children):
+# each test server's start then skips two imports of sglang and torch. The KEYED cluster's roles spawn, as
+# users' servers do (tests/e2e/shared_cluster.py), and test_pdd_router asserts it.
+os.environ.setdefault("SGLANG_PDD_CPU_FORK_CHILDREN", "1")
 # sglang modules that serve the test models: the tiny Llama (llama) and the MLA model (deepseek_v2)
 TEST_MODEL_MODULES = ("llama", "deepseek_v2")
 

@@ -33,6 +33,7 @@ OVERLAP_HANDOFF_TIMEOUT = 30  # MD waits this long for eager tokens: a slow box 
 MD_EVENTS, MD_EVENTS_REPLAY = 5594, 5595  # KEYED's MD publishes its KV events here (test_two_routers reads them)
 ROLE_KEY = "pdd-e2e-role-key"  # KEYED's roles' --api-key; its routers send it (SGLANG_PDD_ROLE_API_KEY)
 INCREMENTAL = ("--incremental-streaming-output",)
+SPAWN_ENV = "SGLANG_PDD_CPU_FORK_CHILDREN"  # "0": sglang spawns the roles' children (sglang_pdd.lab.compat.fork_children)
 
 PAIR = "p-md"  # P and MD alone, no RLD (MD: a small KV pool that evicts, KV events, a trusted relay nobody
 #                serves): test_kv_events (first: it reads MD's cache from empty), test_main_robustness
@@ -51,10 +52,12 @@ def _kv_events(endpoint: int, replay: int) -> tuple[str, str]:
 def _keyed(group: ServerGroup, model: str):
     from .cluster import start_pdd
 
-    # RLD and MD stream deltas (--incremental-streaming-output); the other modules' stream cumulatively
+    # RLD and MD stream deltas (--incremental-streaming-output); the other modules' stream cumulatively.
+    # Its roles spawn their children, as users' servers do (the other test servers fork them: tests/conftest.py);
+    # test_health_probe asserts it.
     return start_pdd(group, model, base_port=34800, bootstrap_port=8978, token_port=18795, handoff_timeout=10,
                      relay_extra=INCREMENTAL, main_extra=(*INCREMENTAL, *_kv_events(MD_EVENTS, MD_EVENTS_REPLAY)),
-                     role_api_key=ROLE_KEY)
+                     role_api_key=ROLE_KEY, env={SPAWN_ENV: "0"})
 
 
 def _overlap(group: ServerGroup, model: str):

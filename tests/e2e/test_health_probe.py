@@ -2,7 +2,8 @@
 MD in decode mode each serve the one-token generate that carries sglang's fake bootstrap host (a lone
 generate cannot make a real KV transfer on a PD server), asked the way the router asks each role (with
 the roles' API key, as the router's session sends it); and the health checker takes an ejected role
-back through it once its back-off is over, not before."""
+back through it once its back-off is over, not before. This cluster's roles also spawn sglang's children as a
+user's servers do (the other test servers fork them)."""
 
 import asyncio
 
@@ -57,3 +58,14 @@ def test_the_checker_takes_an_ejected_role_back_once_its_back_off_is_over(pdd):
 
     early, late = asyncio.run(go())
     assert early == [True, True, True] and late == [False, False, False]
+
+
+def test_this_clusters_roles_spawn_their_children_as_users_servers_do(pdd, reference_server):
+    """The one cluster whose roles start sglang's children the way a user's server does (spawned: every child
+    imports sglang and loads the plugin itself), so the path users run stays proven while the other test
+    servers fork theirs to start faster (sglang_pdd.lab.compat.fork_children); the session's reference
+    server is one of those, and is the control that the two differ."""
+    roles = {role: s.child_start_methods() for role, s in (("prefill", pdd.prefill), ("relay", pdd.relay),
+                                                            ("main", pdd.main))}
+    assert all("spawn" in m and "fork" not in m for m in roles.values()), roles
+    assert "fork" in reference_server.child_start_methods() and "spawn" not in reference_server.child_start_methods()

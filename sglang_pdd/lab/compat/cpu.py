@@ -20,7 +20,10 @@ What it does, each item a verified failure of stock sglang on such a box (see do
   an accelerator);
 * with ``SGLANG_PDD_CPU_AMX_ATTENTION=1``, lets sglang keep ``--attention-backend intel_amx`` on a CPU
   without AMX (``sglang_pdd.lab.compat.amx_attention``: the backend's two ops in torch; MLA models
-  need it).
+  need it);
+* with ``SGLANG_PDD_CPU_FORK_CHILDREN=1`` (the test servers), forks sglang's scheduler and detokenizer
+  instead of spawning them (``sglang_pdd.lab.compat.fork_children``: a server start without importing
+  sglang three times).
 
 Nothing here imports torch or sglang until the module that needs the fix is being imported, so the
 ``.pth`` costs nothing in other processes.
@@ -48,6 +51,7 @@ PTH_LINE = (
 )
 MOONCAKE_CONN = "sglang.srt.disaggregation.mooncake.conn"
 RUNTIME_CONTEXT = "sglang.srt.runtime_context"  # SGLANG_PDD_CPU_AMX_ATTENTION=1: keep intel_amx (amx_attention)
+ENGINE = "sglang.srt.entrypoints.engine"  # SGLANG_PDD_CPU_FORK_CHILDREN=1: fork its children (fork_children)
 
 
 def _declare_torchvision_ops() -> None:
@@ -66,6 +70,12 @@ def _patch_mooncake_conn(module) -> None:
     module.MooncakeKVSender.supports_host_tensor_indices = False
 
 
+def _fork_children(module) -> None:
+    from sglang_pdd.lab.compat.fork_children import patch_engine
+
+    patch_engine(module)
+
+
 def _claim_amx_attention(module) -> None:
     from sglang_pdd.lab.compat.amx_attention import claim_amx_attention
 
@@ -81,6 +91,7 @@ _FIXES: dict[str, tuple[Callable | None, Callable | None]] = {
     "torchvision": (_declare_torchvision_ops, None),
     MOONCAKE_CONN: (None, _patch_mooncake_conn),
     RUNTIME_CONTEXT: (None, _claim_amx_attention),
+    ENGINE: (None, _fork_children),
 }
 
 

@@ -132,6 +132,24 @@ class ServerProcess:
                 out.append(int(d))
         return out
 
+    def child_start_methods(self) -> set[str]:
+        """How sglang started this server's children (the launcher left out): "fork" for a child whose
+        auxiliary vector is the launcher's (it never ran exec: the vector's addresses are set at exec, and
+        randomized), "spawn" for one that ran exec (a fresh interpreter). Their command lines cannot tell:
+        sglang renames its processes (``sglang::scheduler``)."""
+        def auxv(pid: int) -> bytes | None:
+            try:
+                with open(f"/proc/{pid}/auxv", "rb") as f:
+                    return f.read()
+            except OSError:
+                return None
+
+        if self.proc is None:
+            return set()
+        launcher = auxv(self.proc.pid)
+        return {"fork" if auxv(pid) == launcher else "spawn"
+                for pid in self.group_pids() if pid != self.proc.pid and auxv(pid) is not None}
+
     def stop(self, grace_s: float = 15.0) -> None:
         """SIGTERM the server's process group, SIGKILL whatever is left after `grace_s`."""
         stop_all([self], grace_s)
