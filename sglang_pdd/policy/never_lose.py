@@ -72,12 +72,18 @@ class Observation:
     line_busy_fraction: float = 0.0  # the line's recent busy share of time (P's lane to MD's site)
 
 
+# Which rule decided (a metric label: a small fixed set, unlike `reason`, which carries the figures).
+WITHIN_BUDGET, P_QUEUE, P_HEADROOM = "wan-within-budget", "p-queue", "p-headroom"  # P->MD
+ODD_TRAFFIC, HIDES_WAN = "odd-traffic", "relay-hides-wan"  # relayed
+
+
 @dataclass(frozen=True)
 class Decision:
     pipeline: Pipeline
     reason: str
     predicted_wan_s: float
     warm_md: bool = False  # P->RLD only: send the prompt's KV to MD in the background
+    rule: str = ""  # one of the rule names above
 
 
 MAX_LOAD = 0.99  # a line busy all the time predicts 100x its idle time, not infinity
@@ -113,18 +119,21 @@ def relay_wait_cost(busy: float, slowdown: float) -> float:
 def decide(cfg: NeverLoseConfig, obs: Observation) -> Decision:
     wan = predict_wan_s(cfg, obs)
     if wan <= cfg.wan_budget_s:
-        return Decision(Pipeline.P_MD, f"predicted WAN {wan:.3f}s <= budget {cfg.wan_budget_s}s", wan)
+        return Decision(Pipeline.P_MD, f"predicted WAN {wan:.3f}s <= budget {cfg.wan_budget_s}s", wan,
+                        rule=WITHIN_BUDGET)
     if cfg.slack_admission and obs.p_wait_s > cfg.p_slack_s:
         return Decision(Pipeline.P_MD, f"no relay: P's queue {obs.p_wait_s:.2f}s > slack "
-                        f"{cfg.p_slack_s}s (WAN {wan:.2f}s)", wan)
+                        f"{cfg.p_slack_s}s (WAN {wan:.2f}s)", wan, rule=P_QUEUE)
     cost = relay_wait_cost(obs.p_busy_fraction, cfg.relay_slowdown) if cfg.headroom_admission else 0.0
     if cost > 1.0:
         return Decision(Pipeline.P_MD, f"no relay: P busy {obs.p_busy_fraction:.0%}, x {cfg.relay_slowdown:.3g} "
-                        f"while relaying: the others would wait {cost:.3g}x what it saves (WAN {wan:.2f}s)", wan)
+                        f"while relaying: the others would wait {cost:.3g}x what it saves (WAN {wan:.2f}s)", wan,
+                        rule=P_HEADROOM)
     decode_s = obs.output_tokens * obs.rld_tpot_s
     if obs.output_tokens < cfg.odd_output_threshold and decode_s < wan:
         warm = cfg.warm_md and line_has_room(cfg, obs)
         return Decision(Pipeline.P_RLD, f"odd traffic: output {obs.output_tokens}, relay decode "
                         f"{decode_s:.2f}s < WAN {wan:.2f}s" + ("; MD warmed" if warm else ""),
-                        wan, warm)
-    return Decision(Pipeline.P_RLD_MD, f"WAN {wan:.3f}s > budget {cfg.wan_budget_s}s: relay hides it", wan)
+                        wan, warm, ODD_TRAFFIC)
+    return Decision(Pipeline.P_RLD_MD, f"WAN {wan:.3f}s > budget {cfg.wan_budget_s}s: relay hides it", wan,
+                    rule=HIDES_WAN)

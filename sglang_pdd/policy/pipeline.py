@@ -13,9 +13,13 @@ the relay-only oscillation (docs/sim.md, Oscillation).
 WAN time is predicted as (bytes queued ahead on the chosen P's lane to MD's site + missed bytes) /
 estimated bandwidth + RTT, where missed bytes are the prompt tokens beyond MD's radix-cache hit times
 the KV bytes per token (`policy.site_links`, `policy.wan_queue`). With a TTFT SLA (`ttft_slo_s`, the
-router's `--ttft-slo-secs`) the decision is the never-lose one (`policy.never_lose`): P->MD within
-half the SLA, else relay only while the chosen P has no queue (`prefill_state`, which the router's
-placement reads from P's gauges), else P->MD.
+router's `--ttft-slo-secs`) the decision is the relay placement (`policy.relay_placement`, the
+simulator's own): a relay instance with a free slot (`relay_pool`: the router's RLDs in service and
+their load) takes a request whose WAN time is over twice the RTT; else the never-lose rules
+(`policy.never_lose`): P->MD within half the SLA, else a relay on the chosen P only while it has no
+queue (`prefill_state`, which the router's placement reads from P's gauges) and only where P can relay
+(`p_relays`: the router's P cannot yet), else P->MD. By default (no router) P relays and the pool is
+down: the never-lose rules alone.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
-from sglang_pdd.policy import never_lose
+from sglang_pdd.policy import never_lose, relay_placement
 from sglang_pdd.policy.bandwidth import BandwidthEstimator
 from sglang_pdd.policy.pipelines import Pipeline
 from sglang_pdd.policy.site_links import SiteLinks
@@ -84,6 +88,9 @@ class RouteDecision:
     reason: str
     missed_bytes: int
     predicted_wan_s: float
+    placement: str = ""  # with a TTFT SLA: where the relay runs (`relay_placement.Placement`), else ""
+    rule: str = ""  # with a TTFT SLA: the rule that decided (`relay_placement.RULES`), else ""
+    at_risk: bool = False  # with a TTFT SLA: predicted over it because of the line (the pool's scale signal)
 
     @property
     def uses_relay(self) -> bool:
@@ -122,6 +129,8 @@ class PipelinePolicy:
         self.cfg, self.bandwidth, self.rtt_s = cfg, bandwidth, rtt_s
         self.in_service: Callable[[], InService] = InService
         self.prefill_state: Callable[[], PrefillState | None] = lambda: None  # the placement's chosen P
+        self.relay_pool: Callable[[], relay_placement.PoolView] = relay_placement.PoolView  # relay instances
+        self.p_relays = True  # the chosen P can host a relay (the router's cannot: `Placement` says so)
         self.links = links if links is not None else SiteLinks.single(bandwidth, rtt_s)
         if self.links.default.bandwidth is not bandwidth:
             raise ValueError("links.default must be the policy's own bandwidth estimator")
@@ -139,16 +148,16 @@ class PipelinePolicy:
         pf = self.prefill_state()
         wan = self.predict_wan_s(missed, inp.site, pf.url if pf is not None else "")
 
-        def out(p: Pipeline, why: str) -> RouteDecision:
+        def out(p: Pipeline, why: str, **placed) -> RouteDecision:
             if p is not Pipeline.P_RLD and pf is not None:  # MD's leg: on P's lane until P's next page says so
                 self.links.of(inp.site).routed_to(pf.url, missed)
-            return RouteDecision(p, why, missed, wan)
+            return RouteDecision(p, why, missed, wan, **placed)
 
         if self.in_service().relay_alone:
             return out(Pipeline.P_RLD, NO_MAIN)
         if cfg.ttft_slo_s > 0 and cfg.route_by is RouteBy.BANDWIDTH and not cfg.allow_relay_only:
-            d = self._never_lose(inp, missed, pf)
-            return out(d.pipeline, d.reason)
+            d = self._placement(inp, missed, pf)
+            return out(d.pipeline, d.reason, placement=d.placement.value, rule=d.rule, at_risk=d.at_risk)
         if cfg.route_by is RouteBy.HIT_THRESHOLD:
             fits = inp.md_hit_rate >= cfg.hit_threshold
             fit_why = f"MD hit {inp.md_hit_rate:.3f} >= {cfg.hit_threshold}"
@@ -167,13 +176,17 @@ class PipelinePolicy:
                        f"{cfg.relay_only_below_hit}")
         return out(Pipeline.P_RLD_MD, f"WAN {wan:.3f}s too slow for P->MD: RLD hides it")
 
-    def _never_lose(self, inp: RouteInputs, missed: int, pf: PrefillState | None):
+    def _placement(self, inp: RouteInputs, missed: int, pf: PrefillState | None):
         link = self.links.of(inp.site)
         rate = link.bandwidth.bytes_per_s
         busy = pf is not None and pf.waiting > 0  # the router sees whether P has a queue, not its length in s
+        p_wait = math.inf if busy else 0.0
         obs = never_lose.Observation(missed, inp.max_output_tokens, [link.queued_bytes(pf.url if pf else "")], rate,
-                                     rate, link.rtt_s, math.inf if busy else 0.0, self.cfg.rld_tpot_s, fifo=True)
-        # the router's RLD is a dedicated instance (relay_slowdown 1: relaying does not slow P)
-        cfg = never_lose.NeverLoseConfig(wan_budget_s=self.cfg.ttft_slo_s / 2, p_slack_s=0.0,
-                                         odd_output_threshold=self.cfg.odd_output_threshold, warm_md=False)
-        return never_lose.decide(cfg, obs)
+                                     rate, link.rtt_s, p_wait, self.cfg.rld_tpot_s, fifo=True)
+        # relay_slowdown 1: a relay on P is not priced yet (the router's P does not relay: p_relays)
+        cfg = relay_placement.PlacementConfig(
+            never_lose.NeverLoseConfig(wan_budget_s=self.cfg.ttft_slo_s / 2, p_slack_s=0.0,
+                                       odd_output_threshold=self.cfg.odd_output_threshold, warm_md=False),
+            self.cfg.ttft_slo_s)
+        # P's part of the TTFT: 0 when idle; with a queue of unknown length the line is not blamed (not at risk)
+        return relay_placement.decide(cfg, obs, p_wait, self.relay_pool(), self.p_relays)

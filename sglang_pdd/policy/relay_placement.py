@@ -19,7 +19,12 @@ the router, over what a deployment observes. Two kinds of relay capacity:
    transfer slows the transfers that carry other requests' first tokens, and the pool is up because
    the line is loaded. Whether the pool is up at all is the scale signal's question
    (`policy.relay_pool_scale`), which weighs the requests at risk against the pool's bill.
-3. Otherwise nothing is relayed: the request goes P->MD, as xdc-pd-drc sends it.
+3. Otherwise nothing is relayed: the request goes P->MD, as xdc-pd-drc sends it. So does a request
+   P would have relayed when P cannot relay (`p_relays` False: the router's P until the relay on P
+   exists) and the pool has no free slot (rule `no-relay-capacity`).
+
+Each decision names the rule that made it (`rule`, one of `RULES`: a metric label) beside its
+`reason` (the figures, for a log line).
 
 "At risk": the request's predicted P->MD TTFT (P's queue, its own prefill, and the queue-aware WAN
 time) exceeds the TTFT SLA, and the line's part of it is at least P's: the line, not P, would make it
@@ -44,6 +49,11 @@ class Placement(str, enum.Enum):
     NONE = "none"  # P->MD: nothing relayed
     ON_P = "p"  # the relay on the prefilling P (P's spare capacity)
     POOL = "pool"  # an elastic relay pool instance
+
+
+NO_RELAY_CAPACITY = "no-relay-capacity"  # P would relay, but P cannot and the pool has no free slot
+RULES = (never_lose.WITHIN_BUDGET, never_lose.P_QUEUE, never_lose.P_HEADROOM, NO_RELAY_CAPACITY,
+         never_lose.ODD_TRAFFIC, never_lose.HIDES_WAN)
 
 
 @dataclass(frozen=True)
@@ -81,11 +91,13 @@ class PlacementDecision:
     predicted_ttft_s: float  # P->MD: P's queue + own prefill + that WAN time
     at_risk: bool  # over the TTFT SLA, the line's part at least P's: a relay could save its SLA
     warm_md: bool = False  # P->RLD only: send the prompt's KV to MD in the background
+    rule: str = ""  # which rule decided (one of RULES)
 
 
 def decide(cfg: PlacementConfig, obs: never_lose.Observation, p_ttft_s: float,
-           pool: PoolView = PoolView()) -> PlacementDecision:
-    """`p_ttft_s`: P's queue plus this request's own prefill time, in seconds of P's prefill rate."""
+           pool: PoolView = PoolView(), p_relays: bool = True) -> PlacementDecision:
+    """`p_ttft_s`: P's queue plus this request's own prefill time, in seconds of P's prefill rate.
+    `p_relays`: the prefilling P can host a relay (the relay on P)."""
     rules = cfg.rules
     on_p = never_lose.decide(rules, obs)
     wan = on_p.predicted_wan_s
@@ -98,11 +110,16 @@ def decide(cfg: PlacementConfig, obs: never_lose.Observation, p_ttft_s: float,
             warm = rules.warm_md and sum(obs.lane_queued) <= obs.line_bytes_per_s * budget
             return PlacementDecision(Placement.POOL, Pipeline.P_RLD,
                                      f"pool, odd traffic: relay decode {decode_s:.2f}s < WAN {wan:.2f}s"
-                                     + ("; MD warmed" if warm else ""), wan, ttft, risk, warm)
+                                     + ("; MD warmed" if warm else ""), wan, ttft, risk, warm,
+                                     never_lose.ODD_TRAFFIC)
         return PlacementDecision(Placement.POOL, Pipeline.P_RLD_MD,
-                                 f"pool: WAN {wan:.3f}s > {budget:.3f}s, the relay hides it", wan, ttft, risk)
-    if on_p.pipeline is not Pipeline.P_MD:
-        return PlacementDecision(Placement.ON_P, on_p.pipeline, "on P: " + on_p.reason, wan, ttft, risk,
-                                 on_p.warm_md)
+                                 f"pool: WAN {wan:.3f}s > {budget:.3f}s, the relay hides it", wan, ttft, risk,
+                                 rule=never_lose.HIDES_WAN)
     why = "" if wan <= budget else "; pool down" if pool.up == 0 else "; pool full"
-    return PlacementDecision(Placement.NONE, Pipeline.P_MD, on_p.reason + why, wan, ttft, risk)
+    if on_p.pipeline is not Pipeline.P_MD:
+        if p_relays:
+            return PlacementDecision(Placement.ON_P, on_p.pipeline, "on P: " + on_p.reason, wan, ttft, risk,
+                                     on_p.warm_md, on_p.rule)
+        return PlacementDecision(Placement.NONE, Pipeline.P_MD, f"no relay capacity: {on_p.reason}; P does not "
+                                 f"relay{why}", wan, ttft, risk, rule=NO_RELAY_CAPACITY)
+    return PlacementDecision(Placement.NONE, Pipeline.P_MD, on_p.reason + why, wan, ttft, risk, rule=on_p.rule)

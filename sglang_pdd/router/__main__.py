@@ -31,6 +31,7 @@ from sglang_pdd.protocol import keys
 from sglang_pdd.policy.bandwidth import BandwidthEstimator
 from sglang_pdd.policy.peer_choice import ChoiceConfig
 from sglang_pdd.policy.pipeline import PipelinePolicy, PipelinePolicyConfig
+from sglang_pdd.policy.relay_pool_scale import PoolScaleConfig
 from sglang_pdd.policy.site_links import SiteLinks
 from sglang_pdd.protocol.request_auth import ParamsSigner
 from sglang_pdd.router.api.admission import ModelLimits
@@ -79,6 +80,23 @@ def _site_links(values: list[list[str]], mains: list[Peer], default: BandwidthEs
     if unknown:
         raise SystemExit(f"--main: site {', '.join(unknown)} has no --site NAME MBIT RTT_MS (its WAN link)")
     return links
+
+
+def _relay_pool_scale(args, relays: int) -> PoolScaleConfig | None:
+    """The relay pool's scale signal (`peers.relay_pool_signal`): on with --ttft-slo-secs and an RLD."""
+    if args.relay_slots < 1:
+        raise ValueError(f"--relay-slots must be 1 or more, got {args.relay_slots}")
+    if not 1 <= args.relay_pool_window_secs <= 3600:
+        raise ValueError(f"--relay-pool-window-secs must be 1-3600, got {args.relay_pool_window_secs}")
+    if args.ttft_slo_secs <= 0 or relays == 0:
+        return None
+    top = relays if args.relay_pool_max is None else args.relay_pool_max
+    try:
+        return PoolScaleConfig(args.relay_pool_instance_price, args.relay_pool_base_price, args.relay_pool_min, top)
+    except ValueError:
+        raise ValueError(f"--relay-pool-min ({args.relay_pool_min}) must be 0 to --relay-pool-max ({top}), and "
+                         f"--relay-pool-instance-price ({args.relay_pool_instance_price:g}) and "
+                         f"--relay-pool-base-price ({args.relay_pool_base_price:g}) positive") from None
 
 
 def _kv_event_args(values: list[list[str]], mains: list[Peer], topic: str) -> dict[str, KvEventSource]:
@@ -167,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--migration-limit must be 0 or more")
         if args.idle_per_token_s < 0:
             raise ValueError("--idle-per-token-s must be 0 or more")
+        pool_scale = _relay_pool_scale(args, len(relay.peers))
         d = Dispatcher(prefill, relay, main_, DispatchConfig(args.pipeline, args.request_timeout, args.bandwidth_poll_s,
                                                              load_poll_s=args.load_poll_s,
                                                              migration_limit=args.migration_limit,
@@ -176,7 +195,10 @@ def main(argv: list[str] | None = None) -> int:
                                                              migration_rate_per_s=args.migration_rate,
                                                              migration_burst=args.migration_burst,
                                                              migration_jitter_s=args.migration_jitter_s,
-                                                             role_lock_s=0.0 if args.insecure_roles else 2.0),
+                                                             role_lock_s=0.0 if args.insecure_roles else 2.0,
+                                                             relay_slots=args.relay_slots,
+                                                             relay_pool_scale=pool_scale,
+                                                             relay_pool_window_s=args.relay_pool_window_secs),
                        decode=functools.partial(tok.decode, skip_special_tokens=True), policy=policy,
                        kv_events=kv_events, signer=_signer(bool(relay.peers)),
                        kept_stop_ids=openai.kept_stop_ids if openai is not None else frozenset())

@@ -112,6 +112,11 @@ class RouterApp:
 
         if self.d.policy is not None:
             self.metrics.bandwidth.set(self.d.policy.bandwidth.bytes_per_s)
+        if self.d.pool_signal is not None:
+            now, up = time.monotonic(), self.d.placement.relay_pool().up
+            requests, at_risk = self.d.pool_signal.counts(now)
+            self.metrics.pool_at_risk.set(at_risk / requests if requests else 0.0)
+            self.metrics.pool_target.set(self.d.pool_signal.target(now, up, self.d.placement.relay_occupancy()))
         for pool in (self.d.prefill, self.d.relay, self.d.main):
             for peer in pool.peers:
                 self.metrics.peer_load.labels(pool.role, peer.url).set(peer.load)

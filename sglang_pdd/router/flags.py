@@ -134,6 +134,22 @@ def build_parser(description: str = "the PDD router") -> argparse.ArgumentParser
                          "already holds for that site, crosses the WAN within half of it; else relayed only "
                          "while the chosen P has no queue, else P->MD (default 0: --wan-budget-s, relay "
                          "whenever over it)")
+    ap.add_argument("--relay-slots", type=int, default=16, metavar="N",
+                    help="with --ttft-slo-secs: requests one RLD takes at once before the relay placement counts "
+                         "it full (set it to RLD's --max-running-requests or less); a full RLD relays nothing more")
+    ap.add_argument("--relay-pool-min", type=int, default=0, metavar="N",
+                    help="with --ttft-slo-secs: the fewest RLD instances the scale signal asks for "
+                         "(sglang_pdd_router_relay_pool_target)")
+    ap.add_argument("--relay-pool-max", type=int, default=None, metavar="N",
+                    help="... and the most (default: the number of --relay addresses)")
+    ap.add_argument("--relay-pool-instance-price", type=float, default=8.0, metavar="PRICE",
+                    help="one RLD instance's price per hour, and --relay-pool-base-price the rest of the "
+                         "deployment's (P and MD), in any one unit: an instance pays once the share of requests "
+                         "the line puts over the SLA is its share of the bill")
+    ap.add_argument("--relay-pool-base-price", type=float, default=72.0, metavar="PRICE",
+                    help="see --relay-pool-instance-price (the defaults: the paper deployment's 8 of 72 accelerators)")
+    ap.add_argument("--relay-pool-window-secs", type=int, default=30, metavar="SECONDS",
+                    help="the scale signal counts the requests placed over this window (1-3600)")
     ap.add_argument("--odd-output-threshold", type=int, default=500,
                     help="auto: a request with fewer output tokens whose WAN transfer would outlast its "
                          "decode on RLD is odd traffic, served P->RLD alone (0 turns this off)")

@@ -5,6 +5,7 @@ configured limits and every refusal by reason)."""
 from __future__ import annotations
 
 from sglang_pdd.policy.pipeline import NO_MAIN
+from sglang_pdd.policy.relay_placement import RULES, Placement
 from sglang_pdd.router.request.dispatch import Outcome
 
 # Why the front door refused a connection or a request (sglang_pdd_router_refused_total{reason}).
@@ -86,6 +87,19 @@ class RouterMetrics:
         self.refused = Counter("sglang_pdd_router_refused", "Connections and requests the front door refused or "
                                "closed, by reason (" + ", ".join(REFUSALS) + ")", ("reason",),
                                registry=self.registry)
+        self.relay_decisions = Counter("sglang_pdd_router_relay_decisions", "Requests placed by the relay policy "
+                                       "(--ttft-slo-secs), by where the relay runs (none: P->MD; pool: an RLD; "
+                                       "p: on P) and the rule that decided (" + ", ".join(RULES) + ")",
+                                       ("placement", "rule"), registry=self.registry)
+        self.pool_target = Gauge("sglang_pdd_router_relay_pool_target", "The relay pool's scale signal: the "
+                                 "RelayDecode instances this router's recent traffic pays for (an HPA's or KEDA's "
+                                 "target; peers.relay_pool_signal)", registry=self.registry)
+        self.pool_at_risk = Gauge("sglang_pdd_router_relay_pool_at_risk_share", "The share of the requests placed "
+                                  "over the signal's window whose TTFT the line would put over the SLA",
+                                  registry=self.registry)
+        for placement in Placement:
+            for rule in RULES:
+                self.relay_decisions.labels(placement.value, rule)
         for reason in REFUSALS:  # every reason is a series from the start (rate() needs a zero)
             self.refused.labels(reason)
         for name in LIMITS:
@@ -114,5 +128,7 @@ class RouterMetrics:
             self.migrations.labels(cause, "completed" if ok else "failed").inc()
         if not ok and outcome.unmigrated is not None:
             self.migrations.labels(outcome.unmigrated, "not-migrated").inc()
+        if outcome.rule:
+            self.relay_decisions.labels(outcome.placement, outcome.rule).inc()
         if ok and outcome.pipeline and outcome.pipeline.value == "P->RLD" and outcome.missed_bytes:
             self.avoided.labels(_relay_alone_kind(outcome.reason)).inc(outcome.missed_bytes)

@@ -5,18 +5,25 @@ it sent), its load and its site's predicted WAN time for the KV it misses; P by 
 (the router's record of the prompts it sent each P) and load; RLD by load and KV-pool usage (RLD
 is the scarce pool the adaptive handoff protects). The scoring is `policy.peer_choice`; this module
 only gathers each candidate's inputs and keeps the router's cache views. It also tells the pipeline
-policy which roles have a server in service (`in_service`): with every MD out, a request goes P->RLD.
+policy which roles have a server in service (`in_service`): with every MD out, a request goes P->RLD;
+and what relay capacity there is (`relay_pool`: the RLDs in service are the relay pool, their free slots
+what `relay_slots` and their load leave; P does not relay yet).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from sglang_pdd.router.cache import CacheView
 from sglang_pdd.router.cache.kv_subscriber import KvEventSource, KvEventSubscriber, main_views
 from sglang_pdd.router.cache.prefix_view import PrefixView
 from sglang_pdd.policy.pipeline import InService, PipelinePolicy, PrefillState
+from sglang_pdd.policy.relay_placement import PoolView
 from sglang_pdd.router.peers.pool import Peer, PeerPool
+
+
+KV_FULL = 0.9  # an RLD whose KV pool is this used has no free relay slot
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,7 @@ class Placement:
     main: PeerPool
     policy: PipelinePolicy | None = None
     kv_events: dict[str, KvEventSource] | None = None
+    relay_slots: int = 16  # requests one RLD takes at once before it is full (`relay_pool`)
     views: dict[str, CacheView] = field(init=False)  # MD URL -> its cache view
     kv_subscribers: list[KvEventSubscriber] = field(init=False)
     prefill_views: dict[str, PrefixView] = field(init=False)  # P URL -> the prompts sent there
@@ -69,6 +77,7 @@ class Placement:
         if self.policy is not None:
             self.policy.in_service = self.in_service
             self.policy.prefill_state = self.prefill_state
+            self.policy.relay_pool, self.policy.p_relays = self.relay_pool, False
             # plain PD to these crosses the WAN (the bandwidth feed learns from P->MD's transfers)
             lan = {p.host for p in self.prefill.peers + self.relay.peers}
             self.policy.links.wan_hosts = frozenset(p.host for p in self.main.peers if p.host not in lan)
@@ -76,6 +85,18 @@ class Placement:
     def in_service(self) -> InService:
         """Which roles have a peer in service now (`peers.health`)."""
         return InService(*(any(not p.health.out for p in pool.peers) for pool in (self.prefill, self.relay, self.main)))
+
+    def relay_pool(self) -> PoolView:
+        """The RLDs in service and their free slots: `relay_slots` less each one's load, none on an RLD whose
+        KV pool is nearly full."""
+        up = [p for p in self.relay.peers if not p.health.out]
+        free = sum(max(0, self.relay_slots - math.ceil(p.load)) for p in up if p.kv_usage < KV_FULL)
+        return PoolView(len(up), free)
+
+    def relay_occupancy(self) -> float:
+        """The RLDs in service: their mean use of slots or KV, whichever binds (0..1; 0 with none up)."""
+        up = [p for p in self.relay.peers if not p.health.out]
+        return sum(min(1.0, max(p.load / self.relay_slots, p.kv_usage)) for p in up) / len(up) if up else 0.0
 
     def prefill_state(self) -> PrefillState | None:
         """The P picked last: the request being placed runs there (pick_prefill, then choose, with no

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from contextlib import aclosing
 from typing import AsyncIterator
 
@@ -23,6 +24,7 @@ from sglang_pdd.protocol.request import without_internal
 from sglang_pdd.protocol.request_auth import ParamsSigner
 from sglang_pdd.router.cache.kv_subscriber import KvEventSource
 from sglang_pdd.router.peers.placement import MainChoice, Placement
+from sglang_pdd.router.peers.relay_pool_signal import RelayPoolSignal
 from sglang_pdd.router.peers.pool import Peer, PeerPool
 from sglang_pdd.router.peers.services import PeerServices, Polls
 from sglang_pdd.router.request import idle_deadline
@@ -59,7 +61,9 @@ class Dispatcher:
         self.signer = signer  # signs P's and MD's PDD parameters (protocol.request_auth); None: unsigned
         self.migration_limits = MigrationLimits(cfg.migration_rate_per_s, cfg.migration_burst, cfg.migration_jitter_s)
         # MD's cache: exact from its KV events where given (peer URL -> source), else approximate
-        self.placement = Placement(prefill, relay, main, policy, kv_events)
+        self.placement = Placement(prefill, relay, main, policy, kv_events, relay_slots=cfg.relay_slots)
+        self.pool_signal = (RelayPoolSignal(cfg.relay_pool_scale, cfg.relay_pool_window_s)
+                            if cfg.relay_pool_scale is not None else None)
         self.views, self.kv_subscribers = self.placement.views, self.placement.kv_subscribers
         polls = Polls(cfg.health_check_s, cfg.bandwidth_poll_s, cfg.load_poll_s, cfg.role_lock_s)
         self.services = PeerServices((prefill, relay, main), polls, policy.links if policy is not None else None,
@@ -89,6 +93,9 @@ class Dispatcher:
         d = self.policy.decide(RouteInputs(len(input_ids), hit, max_new_tokens, site=md.site))
         if outcome is not None:
             outcome.missed_bytes, outcome.predicted_wan_s = d.missed_bytes, d.predicted_wan_s
+            outcome.placement, outcome.rule = d.placement, d.rule
+        if d.rule and self.pool_signal is not None:
+            self.pool_signal.observe(time.monotonic(), d.at_risk)
         return d.pipeline, d.reason
 
     # -- one request ----------------------------------------------------------------------------

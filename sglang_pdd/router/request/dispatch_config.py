@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sglang_pdd.policy.relay_pool_scale import PoolScaleConfig
+
 
 @dataclass
 class DispatchConfig:
@@ -22,6 +24,9 @@ class DispatchConfig:
     migration_rate_per_s: float = 20.0  # token bucket over all migrations (0: no limit; migration.limits)
     migration_burst: int = 40
     migration_jitter_s: float = 0.1  # the most a migration waits at random before it goes
+    relay_slots: int = 16  # requests one RLD takes at once before the relay placement counts it full
+    relay_pool_scale: PoolScaleConfig | None = None  # the pool's scale signal (peers.relay_pool_signal); None: off
+    relay_pool_window_s: int = 30  # the signal's window of placed requests
 
     def idle(self, role: str) -> float:
         return min(self.idle_timeout_s.get(role, self.request_timeout_s), self.request_timeout_s)

@@ -37,6 +37,8 @@ class Outcome:
     md_hit: int | None = None  # prompt tokens the router saw in MD's cache at the decision
     missed_bytes: int | None = None  # MD's predicted missed KV bytes (what P->MD would send over the WAN)
     predicted_wan_s: float | None = None
+    placement: str = ""  # with a TTFT SLA: where the policy put the relay (none, p, pool)
+    rule: str = ""  # with a TTFT SLA: the rule that decided (policy.relay_placement.RULES)
     rld_in_flight: int | None = None  # requests in flight on the chosen relay at the decision
     main_choice: MainChoice | None = None  # which MD, and what the choice saw
     migrations: list[str] = field(default_factory=list)  # the cause of each migration, in order

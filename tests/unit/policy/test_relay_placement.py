@@ -79,3 +79,32 @@ def test_the_pool_comes_up_when_the_requests_at_risk_pay_its_bill():
     assert target(PoolScaleConfig(8.0, 72.0, min_instances=1), PoolScaleInputs(10, 0, 0, 0.0)) == 1
     with pytest.raises(ValueError):
         PoolScaleConfig(8.0, 72.0, min_instances=3, max_instances=2)
+
+
+def test_every_decision_names_its_rule_from_the_fixed_set():
+    from sglang_pdd.policy.relay_placement import NO_RELAY_CAPACITY, RULES
+
+    cases = {  # (observation, P's TTFT part, pool, P relays) -> (placement, rule)
+        (0.5, 0.0, PoolView(), True): (Placement.NONE, never_lose.WITHIN_BUDGET),
+        (3.0, 1.0, PoolView(), True): (Placement.NONE, never_lose.P_QUEUE),
+        (3.0, 0.0, PoolView(), True): (Placement.ON_P, never_lose.HIDES_WAN),
+        (3.0, 0.0, UP, True): (Placement.POOL, never_lose.HIDES_WAN),
+        (3.0, 0.0, PoolView(up=1, free_slots=0), False): (Placement.NONE, NO_RELAY_CAPACITY),
+        (3.0, 0.0, PoolView(), False): (Placement.NONE, NO_RELAY_CAPACITY),
+    }
+    for (wan, p_wait, pool, p_relays), (placement, rule) in cases.items():
+        d = decide(CFG, obs(wan, p_wait_s=p_wait), p_wait, pool, p_relays)
+        assert (d.placement, d.rule) == (placement, rule), (wan, p_wait, pool, p_relays, d)
+        assert d.rule in RULES
+    odd = decide(CFG, obs(3.0, output=10), 0.0, UP)
+    assert (odd.placement, odd.pipeline, odd.rule) == (Placement.POOL, Pipeline.P_RLD, never_lose.ODD_TRAFFIC)
+
+
+def test_a_p_that_cannot_relay_sends_what_it_would_have_relayed_p_to_md():
+    """The router's P (no relay on P yet): with the pool full or down nothing is relayed; at risk still says
+    whether the line puts the request over the SLA (what the pool's scale signal counts)."""
+    full = PoolView(up=1, free_slots=0)
+    d = decide(CFG, obs(6.0), 0.0, full, p_relays=False)
+    assert d.pipeline is Pipeline.P_MD and d.at_risk and "pool full" in d.reason
+    assert decide(CFG, obs(6.0), 0.0, full, p_relays=True).placement is Placement.ON_P  # control: P could
+    assert decide(CFG, obs(6.0), 0.0, UP, p_relays=False).placement is Placement.POOL

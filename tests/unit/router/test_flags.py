@@ -80,3 +80,21 @@ def test_the_ttft_slo_flag_parses_and_refuses_a_negative_value(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(base + ["--ttft-slo-secs", "-1"])
     assert "--ttft-slo-secs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags,named", [
+    (["--relay-pool-min", "3", "--relay-pool-max", "1"], "--relay-pool-min"),
+    (["--relay-pool-instance-price", "0"], "--relay-pool-instance-price"),
+    (["--relay-slots", "0"], "--relay-slots"),
+    (["--relay-pool-window-secs", "0"], "--relay-pool-window-secs"),
+])
+def test_the_relay_pool_flags_refuse_what_cannot_work_and_name_the_flag(flags, named):
+    from sglang_pdd.router.__main__ import _relay_pool_scale
+
+    base = BASE + ["--relay", "http://r:1", "--tokenizer-path", "x", "--ttft-slo-secs", "2"]
+    good = build_parser().parse_args(base)
+    cfg = _relay_pool_scale(good, relays=1)
+    assert (cfg.min_instances, cfg.max_instances, cfg.instance_price, cfg.base_price) == (0, 1, 8.0, 72.0)
+    assert _relay_pool_scale(build_parser().parse_args(BASE + ["--tokenizer-path", "x"]), relays=1) is None  # no SLA
+    with pytest.raises(ValueError, match=named):
+        _relay_pool_scale(build_parser().parse_args(base + flags), relays=1)

@@ -25,6 +25,7 @@ class HoldingDispatcher:
     prefill = relay = main = PeerPool("main", [])
     policy = None
     kv_subscribers = ()  # no MD publishes KV events here
+    pool_signal = None  # no relay pool scale signal (no --ttft-slo-secs)
 
     def __init__(self):
         self.release = asyncio.Event()

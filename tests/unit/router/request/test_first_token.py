@@ -20,6 +20,7 @@ class FakeDispatcher:
     relay = PeerPool("relay", [Peer("http://rld:1")])
     policy = None
     kv_subscribers = ()  # no MD publishes KV events here
+    pool_signal = None  # no relay pool scale signal (no --ttft-slo-secs)
     prefill = main = PeerPool("main", [])
 
     async def start(self):
