@@ -12,6 +12,12 @@ users run stays proven). At the moment sglang starts its children the launcher r
 (checked: the scheduler and detokenizer start before the tokenizer manager, the HTTP server or any
 bootstrap thread), which is what makes a fork safe; if another thread is alive then, the switch logs it
 and keeps ``spawn``. Never installed outside a CPU environment (it lives in the CPU compat ``.pth``).
+
+What a spawned child gets from importing afresh, a forked one is given here: prometheus_client picks its
+value class when it is imported (multiprocess files only if ``PROMETHEUS_MULTIPROC_DIR`` was set by then),
+and the launcher imported it before sglang set that variable; a forked child then kept its counters in its
+own memory, and the server's /metrics never saw them (caught by test_decode_radix_cache's byte counts).
+So each forked child picks the class again before it builds a metric.
 """
 
 from __future__ import annotations
@@ -42,6 +48,15 @@ def start_method() -> str:
     return "fork"
 
 
+def _child_picks_metric_values() -> None:
+    """In a forked child: prometheus_client's value class as a fresh import would pick it now."""
+    import sys
+
+    values = sys.modules.get("prometheus_client.values")
+    if values is not None:
+        values.ValueClass = values.get_value_class()
+
+
 def patch_engine(module) -> None:
     """After sglang's engine module ran: its ``_set_envs_and_config`` (which forces spawn) then picks the
     start method above. A no-op unless asked, so an environment without the variable runs stock sglang."""
@@ -58,3 +73,4 @@ def patch_engine(module) -> None:
 
     module._set_envs_and_config = set_envs_and_config
     module._sglang_pdd_fork_children = True
+    os.register_at_fork(after_in_child=_child_picks_metric_values)

@@ -63,3 +63,17 @@ def test_a_second_thread_keeps_spawn(monkeypatch, restore_start_method):
         release.set()
         t.join()
     assert fork_children.start_method() == "fork"
+
+
+def test_a_forked_child_picks_prometheus_clients_value_class_again(tmp_path, monkeypatch):
+    """The launcher imported prometheus_client before sglang set PROMETHEUS_MULTIPROC_DIR: a child must not
+    keep the in-memory class (its counters would never reach the server's /metrics)."""
+    import prometheus_client.values as values
+
+    monkeypatch.setattr(values, "ValueClass", values.MutexValue)
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    fork_children._child_picks_metric_values()
+    assert values.ValueClass is not values.MutexValue  # the multiprocess (file-backed) class
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR")
+    fork_children._child_picks_metric_values()
+    assert values.ValueClass is values.MutexValue
