@@ -3,7 +3,8 @@
 * `pdd`: the PDD router with `--pipeline auto` (its pipeline policy picks P->MD when MD's missed
   KV is predicted to cross the WAN within `--wan-budget-s`, else P->RLD->MD, or P->RLD for odd
   traffic); told the testbed's link (`--wan-mbit`, `--wan-rtt-ms`), the model's KV size and the
-  preset's TTFT SLA (`--ttft-slo-secs`: the never-lose decision, `policy.never_lose`).
+  preset's TTFT SLA (`--ttft-slo-secs`: the relay placement, `policy.relay_placement`, with RLD as the
+  relay pool of one instance, its slots RLD's --max-running-requests).
 * `pdd-relay`: the same servers, `--pipeline relay`: every request P->RLD->MD.
 
 P runs `--pdd-role prefill`, RLD `--pdd-role relay --pdd-token-port`, MD `--pdd-role main` with the
@@ -76,13 +77,14 @@ class PddRouted(UpstreamPD):
         p = self._prefill = g.start("prefill", dep.server(ServerConfig(
             port=PREFILL_PORT, host=a, nccl_port=PREFILL_PORT + 1000, mode="prefill",
             extra=["--pdd-role", "prefill", "--pdd-packed-wan", self.packed_wan], **common), "A"))
-        rld = g.start("relay", dep.server(ServerConfig(
+        rld_config = ServerConfig(
             port=RELAY_PORT, host=a, nccl_port=RELAY_PORT + 1000, mode="decode",
             extra=["--pdd-role", "relay", "--pdd-token-port", str(TOKEN_PORT),
                    "--pdd-adaptive-md-batch", str(self.adaptive_md_batch),
                    # on cluster A's testbed address: the token channel in clear must be asked for (the WAN is a
                    # veth pair inside this box; a deployment encrypts it with --pdd-token-curve)
-                   "--pdd-token-curve", "off"], **common), "A"))
+                   "--pdd-token-curve", "off"], **common)
+        rld = g.start("relay", dep.server(rld_config, "A"))
         mds = [g.start("main" if i == 0 else f"main-{i}", dep.server(ServerConfig(
             port=DECODE_PORT + 10 * i, host=b, nccl_port=DECODE_PORT + 1000 + 10 * i, mode="decode",
             decode_radix_cache=True,
@@ -103,7 +105,8 @@ class PddRouted(UpstreamPD):
             tokenizer=dep.model, port=ROUTER_PORT, host=a, pipeline=self.pipeline,
             extra=router_link_args(tb, dep.kv_bytes_per_token, self.odd_threshold, self._slo(dep))
             + list(self.router_extra)
-            + ["--peer-policy", self.peer_policy] + events, env=env), "A"))
+            + ["--peer-policy", self.peer_policy, "--relay-slots", str(rld_config.max_running_requests)] + events,
+            env=env), "A"))
         a_ns.call(self._router.wait_ready)
         logger.info("%s up: P %s, RLD %s (token channel :%d), MD %s, router %s (pipeline %s, %s)", self.name,
                     p.url, rld.url, TOKEN_PORT, ", ".join(md.url for md in mds), self._router.url, self.pipeline,
