@@ -67,6 +67,7 @@ class PrefillState:
 
     url: str
     waiting: float = 0.0  # requests waiting for a prefill forward on it (its `sglang:num_queue_reqs`)
+    busy_fraction: float = 0.0  # its recent busy share of time (`policy.busy_fraction`; the headroom rule)
 
 
 @dataclass(frozen=True)
@@ -182,7 +183,8 @@ class PipelinePolicy:
         busy = pf is not None and pf.waiting > 0  # the router sees whether P has a queue, not its length in s
         p_wait = math.inf if busy else 0.0
         obs = never_lose.Observation(missed, inp.max_output_tokens, [link.queued_bytes(pf.url if pf else "")], rate,
-                                     rate, link.rtt_s, p_wait, self.cfg.rld_tpot_s, fifo=True)
+                                     rate, link.rtt_s, p_wait, self.cfg.rld_tpot_s, fifo=True,
+                                     p_busy_fraction=pf.busy_fraction if pf is not None else 0.0)
         # relay_slowdown 1: a relay on P is not priced yet (the router's P does not relay: p_relays)
         cfg = relay_placement.PlacementConfig(
             never_lose.NeverLoseConfig(wan_budget_s=self.cfg.ttft_slo_s / 2, p_slack_s=0.0,

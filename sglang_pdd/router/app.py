@@ -121,6 +121,7 @@ class RouterApp:
             for peer in pool.peers:
                 self.metrics.peer_load.labels(pool.role, peer.url).set(peer.load)
                 self.metrics.peer_in_flight.labels(pool.role, peer.url).set(peer.in_flight)
+                self.metrics.peer_busy.labels(pool.role, peer.url).set(peer.busy.fraction)
                 out = peer.health.out_until is not None or bool(peer.health.refused)
                 self.metrics.peer_out.labels(pool.role, peer.url).set(1 if out else 0)
         for sub in self.d.kv_subscribers:

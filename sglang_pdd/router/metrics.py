@@ -57,6 +57,9 @@ class RouterMetrics:
                               "service (ejected after failures, until a probe generate succeeds; or refused: it "
                               "answers without the role key), else 0",
                               ("role", "peer"), registry=self.registry)
+        self.peer_busy = Gauge("sglang_pdd_router_peer_busy_fraction", "Each server's recent busy share of time, "
+                               "from its scheduler's idle-time counter (10 s average; P's is the relay placement's "
+                               "headroom input)", ("role", "peer"), registry=self.registry)
         self.peer_in_flight = Gauge("sglang_pdd_router_peer_in_flight", "This router's requests on each server",
                                     ("role", "peer"), registry=self.registry)
         self.md_view_seq = Gauge("sglang_pdd_router_md_kv_events_seq", "The last KV-event batch of each MainDecode "

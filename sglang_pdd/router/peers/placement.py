@@ -102,7 +102,7 @@ class Placement:
         """The P picked last: the request being placed runs there (pick_prefill, then choose, with no
         await between them), so the policy reads its lane and its queue."""
         p = self.chosen_prefill
-        return PrefillState(p.url, p.waiting) if p is not None else None
+        return PrefillState(p.url, p.waiting, p.busy.fraction) if p is not None else None
 
     def pick_prefill(self, ids: list[int], exclude: tuple[Peer, ...] = ()) -> Peer:
         pool = self.prefill

@@ -9,8 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from urllib.parse import urlparse
 
+from sglang_pdd.policy.busy_fraction import BusyFraction
 from sglang_pdd.policy.peer_choice import Candidate, Choice, ChoiceConfig, PeerChooser
 from sglang_pdd.router.peers.health import PeerHealth
+
+
+BUSY_TAU_S = 10.0  # the busy fraction's time constant: a few of the load feed's polls, under a TTFT SLA
 
 
 @dataclass
@@ -23,6 +27,8 @@ class Peer:
     running: float = 0.0  # requests running and queued on it, from its /metrics (every router's)
     kv_usage: float = 0.0  # its KV pool's usage (0..1), from its /metrics
     waiting: float = 0.0  # requests waiting for a forward on it (`sglang:num_queue_reqs`), from its /metrics
+    # its recent busy share of time, from its scheduler's idle-time counter (`peers.load_feed`)
+    busy: BusyFraction = field(default_factory=lambda: BusyFraction(BUSY_TAU_S), compare=False, repr=False)
     health: PeerHealth = field(default_factory=PeerHealth, compare=False, repr=False)
 
     @property

@@ -5,6 +5,7 @@ signal (the share at risk over a window, the instances it pays for) is on /metri
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -123,3 +124,20 @@ def test_over_http_the_decisions_and_the_scale_signal_are_metrics():
     assert list(parse_exposition(before, "sglang_pdd_router_relay_pool_target").values()) == [0.0]
     assert list(share.values()) == [1.0]  # both at risk: the line puts them over the SLA
     assert list(target.values()) == [2.0]  # at risk, and the one RLD up is full: one more
+
+
+def test_ps_busy_fraction_comes_from_its_idle_counter_and_reaches_the_policy():
+    """The headroom rule's input, live: wall time less the scheduler's idle time, averaged (tau 10 s)."""
+    p = Peer("http://p:1", bootstrap_port=1)
+    pl = Placement(PeerPool("prefill", [p]), PeerPool("relay", [Peer("http://r:1", token_channel="tcp://r:2")]),
+                   PeerPool("main", [Peer("http://md:1")]), _policy())
+    page = 'sglang:num_running_reqs{{a="1"}} 0\nsglang:scheduler_idle_seconds_total{{a="1"}} {}\n'
+    assert load_feed.update(p, page.format(100.0), now_s=1000.0) and p.busy.fraction == 0.0  # the baseline
+    for i in range(1, 31):  # 30 s, each second 0.25 s idle: 75 % busy
+        load_feed.update(p, page.format(100.0 + 0.25 * i), now_s=1000.0 + i)
+    assert p.busy.fraction == pytest.approx(0.75 * (1 - math.exp(-3)), rel=1e-6)
+    pl.pick_prefill([1, 2, 3])
+    assert pl.policy.prefill_state().busy_fraction == p.busy.fraction
+    idle_only = Peer("http://q:1")
+    load_feed.update(idle_only, 'sglang:num_running_reqs{a="1"} 0\n', now_s=1.0)  # no counter: no estimate
+    assert idle_only.busy.fraction == 0.0
