@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 
 ENV = "SGLANG_PDD_CPU_FORK_CHILDREN"
 ENGINE = "sglang.srt.entrypoints.engine"
+_threads = threading.enumerate  # the threads alive now (a test gives its own)
 
 
 def asked() -> bool:
@@ -41,7 +42,7 @@ def start_method() -> str:
     """The start method to use now: ``fork`` when asked and this process runs one thread, else ``spawn``."""
     if not asked():
         return "spawn"
-    others = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+    others = [t.name for t in _threads() if t is not threading.main_thread()]
     if others:
         logger.warning("%s=1 but threads %s are alive: keeping spawn", ENV, others)
         return "spawn"

@@ -11,6 +11,12 @@ from sglang_pdd.lab.compat import fork_children
 
 
 @pytest.fixture
+def one_thread(monkeypatch):
+    """The launcher at sglang's fork: its main thread alone (a test process has others, e.g. the suite's)."""
+    monkeypatch.setattr(fork_children, "_threads", lambda: [threading.main_thread()])
+
+
+@pytest.fixture
 def restore_start_method():
     before = mp.get_start_method(allow_none=True)
     yield
@@ -38,7 +44,7 @@ def test_off_unless_asked(monkeypatch, restore_start_method):
     assert module._set_envs_and_config is original and fork_children.start_method() == "spawn"
 
 
-def test_asked_forks_after_sglangs_own_settings(monkeypatch, restore_start_method):
+def test_asked_forks_after_sglangs_own_settings(monkeypatch, restore_start_method, one_thread):
     monkeypatch.setenv(fork_children.ENV, "1")
     calls: list = []
     module = engine_module(calls)
@@ -48,21 +54,16 @@ def test_asked_forks_after_sglangs_own_settings(monkeypatch, restore_start_metho
     assert mp.get_start_method() == "fork"
 
 
-def test_a_second_thread_keeps_spawn(monkeypatch, restore_start_method):
+def test_a_second_thread_keeps_spawn(monkeypatch, restore_start_method, one_thread):
     monkeypatch.setenv(fork_children.ENV, "1")
     module = engine_module([])
     fork_children.patch_engine(module)
-    release = threading.Event()
-    t = threading.Thread(target=release.wait, name="held", daemon=True)
-    t.start()
-    try:
-        assert fork_children.start_method() == "spawn"
-        module._set_envs_and_config("args")
-        assert mp.get_start_method() == "spawn"
-    finally:
-        release.set()
-        t.join()
-    assert fork_children.start_method() == "fork"
+    assert fork_children.start_method() == "fork"  # the control: the main thread alone
+    held = threading.Thread(target=lambda: None, name="held")
+    monkeypatch.setattr(fork_children, "_threads", lambda: [threading.main_thread(), held])
+    assert fork_children.start_method() == "spawn"
+    module._set_envs_and_config("args")
+    assert mp.get_start_method() == "spawn"
 
 
 def test_a_forked_child_picks_prometheus_clients_value_class_again(tmp_path, monkeypatch):
