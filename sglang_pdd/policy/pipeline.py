@@ -133,6 +133,12 @@ class PipelinePolicy:
         self.relay_pool: Callable[[], relay_placement.PoolView] = relay_placement.PoolView  # relay instances
         self.p_relays = True  # the chosen P can host a relay (the router's cannot: `Placement` says so)
         self.links = links if links is not None else SiteLinks.single(bandwidth, rtt_s)
+        # the relay placement's rules (with a TTFT SLA); relay_slowdown 1: a relay on P is not priced yet
+        # (the router's P does not relay: p_relays)
+        self._placement_cfg = relay_placement.PlacementConfig(
+            never_lose.NeverLoseConfig(wan_budget_s=cfg.ttft_slo_s / 2, p_slack_s=0.0,
+                                       odd_output_threshold=cfg.odd_output_threshold, warm_md=False),
+            cfg.ttft_slo_s) if cfg.ttft_slo_s > 0 else None
         if self.links.default.bandwidth is not bandwidth:
             raise ValueError("links.default must be the policy's own bandwidth estimator")
 
@@ -185,10 +191,5 @@ class PipelinePolicy:
         obs = never_lose.Observation(missed, inp.max_output_tokens, [link.queued_bytes(pf.url if pf else "")], rate,
                                      rate, link.rtt_s, p_wait, self.cfg.rld_tpot_s, fifo=True,
                                      p_busy_fraction=pf.busy_fraction if pf is not None else 0.0)
-        # relay_slowdown 1: a relay on P is not priced yet (the router's P does not relay: p_relays)
-        cfg = relay_placement.PlacementConfig(
-            never_lose.NeverLoseConfig(wan_budget_s=self.cfg.ttft_slo_s / 2, p_slack_s=0.0,
-                                       odd_output_threshold=self.cfg.odd_output_threshold, warm_md=False),
-            self.cfg.ttft_slo_s)
         # P's part of the TTFT: 0 when idle; with a queue of unknown length the line is not blamed (not at risk)
-        return relay_placement.decide(cfg, obs, p_wait, self.relay_pool(), self.p_relays)
+        return relay_placement.decide(self._placement_cfg, obs, p_wait, self.relay_pool(), self.p_relays)

@@ -30,7 +30,6 @@ import threading
 logger = logging.getLogger(__name__)
 
 ENV = "SGLANG_PDD_CPU_FORK_CHILDREN"
-ENGINE = "sglang.srt.entrypoints.engine"
 _threads = threading.enumerate  # the threads alive now (a test gives its own)
 
 

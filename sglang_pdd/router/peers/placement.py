@@ -86,16 +86,19 @@ class Placement:
         """Which roles have a peer in service now (`peers.health`)."""
         return InService(*(any(not p.health.out for p in pool.peers) for pool in (self.prefill, self.relay, self.main)))
 
+    def _relays_up(self) -> list[Peer]:
+        return [p for p in self.relay.peers if not p.health.out]
+
     def relay_pool(self) -> PoolView:
         """The RLDs in service and their free slots: `relay_slots` less each one's load, none on an RLD whose
         KV pool is nearly full."""
-        up = [p for p in self.relay.peers if not p.health.out]
+        up = self._relays_up()
         free = sum(max(0, self.relay_slots - math.ceil(p.load)) for p in up if p.kv_usage < KV_FULL)
         return PoolView(len(up), free)
 
     def relay_occupancy(self) -> float:
         """The RLDs in service: their mean use of slots or KV, whichever binds (0..1; 0 with none up)."""
-        up = [p for p in self.relay.peers if not p.health.out]
+        up = self._relays_up()
         return sum(min(1.0, max(p.load / self.relay_slots, p.kv_usage)) for p in up) / len(up) if up else 0.0
 
     def prefill_state(self) -> PrefillState | None:
