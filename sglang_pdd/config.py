@@ -54,6 +54,10 @@ FLAGS: tuple[FlagSpec, ...] = (
              choices=ROLE_CHOICES),
     FlagSpec("token_port", int, None, "relay: port of the token channel MainDecode connects to "
              "(binds on this server's --host)."),
+    FlagSpec("relay", str, "off", "prefill: 'local' makes this P a relay target: a request the router relays "
+             "to it stays on P after its prefill, P decodes it in its own batches between prefill steps and hands "
+             "it to MainDecode by token IDs over the token channel (--pdd-token-port), as RelayDecode does; no "
+             "RelayDecode instance, no second copy of the KV (docs/local-relay.md).", choices=("off", "local")),
     FlagSpec("main_bootstrap_timeout", float, 30.0, "prefill: seconds to wait for MainDecode's handshake "
              "before giving up its WAN path (the relay path is never held back)."),
     FlagSpec("relay_finished_kv", str, "keep", "main: when RelayDecode finishes a relayed request itself, "
@@ -128,6 +132,7 @@ ROLE_TRANSFER_POLL_MS = 1.0
 class PddConfig:
     role: Role | None = None
     token_port: int | None = None
+    relay: str = "off"
     relay_finished_kv: str = "keep"
     main_bootstrap_timeout: float = 30.0
     handoff_timeout: float = 60.0
@@ -151,6 +156,11 @@ class PddConfig:
     @property
     def active(self) -> bool:
         return self.role is not None
+
+    @property
+    def relays_locally(self) -> bool:
+        """A prefill that decodes the requests relayed to it (`--pdd-relay local`)."""
+        return self.role is Role.PREFILL and self.relay == "local"
 
     @property
     def relay_set(self) -> frozenset[str]:
@@ -250,7 +260,7 @@ class PddConfig:
         if not self.active:
             return ("role=none (plain sglang)" + (", seeded sampling on" if self.honours_seeds else "")
                     + (waits if self.idle_wait_s or self.transfer_poll_s else ""))
-        extra = f", token channel :{self.token_port}" if self.role is Role.RELAY else ""
+        extra = f", token channel :{self.token_port}" if self.role is Role.RELAY or self.relays_locally else ""
         if self.role is Role.MAIN:
             extra = (f", handoff {self.handoff_mode} (chunk {self.catchup_chunk}, gap {self.catchup_gap}), "
                      f"handoff attention {self.handoff_attention}")
@@ -282,15 +292,20 @@ def from_cli_args(args: argparse.Namespace, disaggregation_mode: str = "null",
         )
     if cfg.role is Role.RELAY and cfg.token_port is None:
         raise PddConfigError("--pdd-role relay needs --pdd-token-port (MainDecode connects there for the eager tokens)")
+    if cfg.relay != "off" and cfg.role is not Role.PREFILL:
+        raise PddConfigError(f"--pdd-relay {cfg.relay} is a prefill's flag (--pdd-role prefill), this is "
+                             f"--pdd-role {cfg.role.value}")
+    if cfg.relays_locally and cfg.token_port is None:
+        raise PddConfigError("--pdd-relay local needs --pdd-token-port (MainDecode connects there for the eager tokens)")
     if cfg.role.needs_decode_radix_cache and not decode_radix_cache:
         raise PddConfigError(
             f"--pdd-role {cfg.role.value} needs --disaggregation-decode-enable-radix-cache "
             "(MainDecode's decode-side radix cache is what keeps WAN bytes low)"
         )
     try:  # the token channel's keys: fail at start-up, not at the first handoff
-        if cfg.role in (Role.RELAY, Role.MAIN):
+        if cfg.role in (Role.RELAY, Role.MAIN) or cfg.relays_locally:
             keys.secret()
-            if cfg.role is Role.RELAY:
+            if cfg.role is Role.RELAY or cfg.relays_locally:
                 keys.curve_clients(cfg.token_curve)  # its key, and the MD keys it admits
                 keys.refuse_clear_channel(cfg.token_curve, getattr(args, "host", SGLANG_DEFAULT_HOST))
             else:

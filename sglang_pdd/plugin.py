@@ -38,6 +38,7 @@ class Hook:
     body: str  # "module:function" under sglang_pdd.hooks, imported only when registering
     kind: str  # HookType name: BEFORE | AFTER | AROUND | REPLACE
     plugin_check: bool = False  # the body is passed `require_hooks_applied` (a hook never imports the plugin)
+    retirable: bool = True  # False: kept where a capability retires its target (another hook's job there)
 
     def resolve_body(self) -> Callable:
         module, _, fn = self.body.partition(":")
@@ -80,6 +81,18 @@ HOOKS: tuple[Hook, ...] = (
     Hook(f"{_SRT}.disaggregation.common.conn.CommonKVReceiver.poll", "packed_wan:around_receiver_poll", "AROUND"),
     Hook(f"{_SRT}.disaggregation.common.conn.CommonKVReceiver.clear", "packed_wan:after_receiver_release", "AFTER"),
     Hook(f"{_SRT}.disaggregation.common.conn.CommonKVReceiver.abort", "packed_wan:after_receiver_release", "AFTER"),
+    # A prefill that relays (--pdd-relay local; inert on other servers): its decode steps between prefill steps,
+    # the relayed requests it keeps after their prefill, their transfers, their aborts
+    Hook(f"{_SRT}.disaggregation.prefill.PrefillBootstrapQueue._process_req", "prefill_relay:around_process_req",
+         "AROUND"),
+    Hook(f"{_SRT}.managers.scheduler.Scheduler.get_next_disagg_prefill_batch_to_run",
+         "prefill_relay:around_get_next_disagg_prefill_batch_to_run", "AROUND"),
+    Hook(f"{_SRT}.managers.scheduler.Scheduler.process_batch_result_disagg_prefill",
+         "prefill_relay:around_process_batch_result_disagg_prefill", "AROUND"),
+    Hook(f"{_SRT}.managers.scheduler.Scheduler.process_disagg_prefill_inflight_queue",
+         "prefill_relay:around_process_disagg_prefill_inflight_queue", "AROUND"),
+    Hook(f"{_SRT}.managers.scheduler.Scheduler.abort_request", "prefill_relay:after_abort_request", "AFTER",
+         retirable=False),  # patch 0003 retires the decode roles' hook on it, not a prefill's
     # RelayDecode and MainDecode (inert on other servers)
     Hook(f"{_SRT}.managers.scheduler.Scheduler._add_request_to_queue",
          "decode:after_add_request_to_queue", "AFTER"),
@@ -180,7 +193,7 @@ def capability_paths(caps: tuple[Capability, ...] = CAPABILITIES) -> dict[str, b
 def active_hooks(hooks: tuple[Hook, ...] = HOOKS, caps: tuple[Capability, ...] = CAPABILITIES) -> tuple[Hook, ...]:
     """The hooks to register: all of them, less those retired by an extension point sglang has."""
     retired = {t for c in caps if has_capability(c) for t in c.retires}
-    return tuple(h for h in hooks if h.target not in retired)
+    return tuple(h for h in hooks if h.target not in retired or not h.retirable)
 
 
 def use_capabilities(caps: tuple[Capability, ...] = CAPABILITIES) -> None:

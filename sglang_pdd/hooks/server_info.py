@@ -9,6 +9,7 @@ import functools
 
 from sglang_pdd.decode import extension as decode_extension
 from sglang_pdd.config import PddConfig
+from sglang_pdd.prefill.runtime import relay
 from sglang_pdd.process_state import capabilities, fanout
 from sglang_pdd.transfer import pool_state
 
@@ -29,4 +30,7 @@ def after_get_internal_state(result, controller, *args, **kwargs):
             state[decode_extension.KEY] = decode_path
     if fanout.builder() is not None:
         state[pool_state.KEY] = pool_state.prefill_pool_state(controller.scheduler)
+        local = relay(controller.scheduler)
+        if local is not None:
+            state[pool_state.KEY]["local_relay"] = local.state()
     return result

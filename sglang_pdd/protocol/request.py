@@ -8,6 +8,11 @@ room R and whose MD key is room R2:
 * to RLD (bootstrap_room=R): {"v": 1}                              -> decode at once, hand over on READY
 * to MD (bootstrap_room=R2): {"v": 1, "relay_room": R, "relay": "tcp://host:port"}  -> take over by EXTEND
 
+and for a request relayed on P itself (a P started with `--pdd-relay local`; one room R, no RLD):
+
+* to P (bootstrap_room=R):   {"v": 1, "relay_here": true}          -> send MD its miss, decode until MD takes over
+* to MD (bootstrap_room=R):  {"v": 1, "relay_room": R, "relay": P's token channel}
+
 P's and MD's parameters carry the router's signature (`exp`, `sig`: see `protocol.request_auth`).
 
 A request without the key is an ordinary PD request on every role.
@@ -31,6 +36,7 @@ class RequestParamsError(ValueError):
 class RequestParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     v: int
     main_room: int | None = None  # P: MD's own bootstrap room (the fan-out target)
+    relay_here: bool | None = None  # P (--pdd-relay local): decode this request until MD takes over
     relay_room: int | None = None  # MD: the room that keys this request on RLD
     relay: str | None = None  # MD: RLD's token channel, "tcp://host:port"
     handoff: str | None = None  # MD: one-shot | catch-up | adaptive (overrides --pdd-handoff-mode)
@@ -65,6 +71,9 @@ def parse(custom_params: dict | None) -> RequestParams | None:
         raise RequestParamsError(f"custom_params.{KEY}.chunk: {p.chunk} is not in 1..{MAX_CHUNK}")
     if p.sig is not None and (len(p.sig) > 64 or p.exp is None):
         raise RequestParamsError(f"custom_params.{KEY}.sig: malformed (a signature goes with its exp)")
+    if p.relay_here is not None and p.main_room is not None:
+        raise RequestParamsError(f"custom_params.{KEY}: relay_here and main_room exclude each other (a P that "
+                                 "relays sends MD its miss over the request's own room)")
     if p.relay is not None and not p.relay.startswith("tcp://"):
         raise RequestParamsError(f"custom_params.{KEY}.relay: expected tcp://host:port, got {p.relay!r}")
     return p

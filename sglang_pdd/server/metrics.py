@@ -93,6 +93,13 @@ def record_handoff(role: str, handoff_tokens: int) -> None:
     _counter("handoff_tokens", "Eager tokens handed over", ("role",)).labels(role).inc(handoff_tokens)
 
 
+def record_local_relay(event: str) -> None:
+    """A prefill that relays (--pdd-relay local): a relayed request `decoding` on P, `parked` at once for lack
+    of KV (hands MD its first token), `refused_unsigned` (served P->MD), or its `transfer_failed`."""
+    _counter("local_relay_requests", "Requests relayed to a prefill that relays, by what it did with them",
+             ("event",)).labels(event).inc()
+
+
 def record_extend_batch(size: int) -> None:
     _counter("handoff_extend_batches", "Handoff EXTEND batches run on MainDecode, by batch size",
              ("size",)).labels(str(size)).inc()

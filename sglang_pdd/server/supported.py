@@ -44,7 +44,7 @@ def unsupported(cfg: PddConfig, args: Any) -> list[str]:
                    f"(each rank's landing offer is not proven): drop --pdd-packed-wan {cfg.packed_wan} (Mooncake "
                    "then sends page by page) or run --tp-size 1")
     if cfg.role is Role.PREFILL:
-        return out
+        return out + (_local_relay(args) if cfg.relays_locally else [])
     why = "a handoff ends a request between two decode steps of one scheduler"
     for flag, name in (("--pp-size", "pp_size"), ("--dp-size", "dp_size"), ("--attn-dp-size", "attn_dp_size")):
         if _int(args, name) > 1:
@@ -57,6 +57,29 @@ def unsupported(cfg: PddConfig, args: Any) -> list[str]:
         out.append(f"{role} does not run with speculative decoding, got --speculative-algorithm {spec} (the "
                    "handoff EXTEND and RLD's eager tokens are proven with one token per step): drop "
                    "--speculative-algorithm")
+    return out
+
+
+def _local_relay(args: Any) -> list[str]:
+    """What a prefill that relays (--pdd-relay local) is not proven with yet."""
+    flag, out = "--pdd-relay local", []
+    for name, dest in (("--tp-size", "tp_size"), ("--pp-size", "pp_size"), ("--dp-size", "dp_size")):
+        if _int(args, dest) > 1:
+            out.append(f"{flag} runs only at {name} 1, got {name} {_int(args, dest)}: drop {flag} (serve relays "
+                       "from a RelayDecode instance) or run one prefill per GPU")
+    if getattr(args, "enable_dp_attention", False):
+        out.append(f"{flag} does not run with DP attention: drop --enable-dp-attention or {flag}")
+    if getattr(args, "speculative_algorithm", None):
+        out.append(f"{flag} does not run with speculative decoding: drop --speculative-algorithm or {flag}")
+    if not getattr(args, "disable_overlap_schedule", False):
+        out.append(f"{flag} runs on sglang's non-overlap prefill loop only (its decode steps ride between the "
+                   f"prefill steps of that loop): add --disable-overlap-schedule or drop {flag}")
+    if _int(args, "optimistic_prefill_attempts", 0) > 0:
+        out.append(f"{flag} relays only requests whose MD handshake came before their prefill: drop "
+                   "--optimistic-prefill-attempts")
+    if getattr(args, "disaggregation_decode_allocation_policy", None) == "prefill_complete":
+        out.append(f"{flag} relays only requests whose MD handshake came before their prefill: drop "
+                   "--disaggregation-decode-allocation-policy prefill_complete")
     return out
 
 

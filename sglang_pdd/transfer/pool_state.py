@@ -62,4 +62,5 @@ def idle_problems(state: dict) -> list[str]:
         if state[q]:
             out.append(f"{q} holds {state[q]} requests")
     out += [f"kv manager {name} holds {n} rooms" for name, n in state["rooms"].items() if n]
+    out += [f"its local relay holds {n} {what}" for what, n in state.get("local_relay", {}).items() if n]
     return out

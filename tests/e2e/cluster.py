@@ -22,9 +22,17 @@ class PD:
     bootstrap_port: int
     router: ServerProcess | None = None
     idle_rows: float | None = None  # request rows free on the idle decode server (all of them), when read
+    prefill_knobs: str | None = None  # P's test-knobs file (test_switches.TestKnobs), when it was given one
+
+    def set_prefill_knobs(self, **knobs) -> None:
+        with open(self.prefill_knobs + ".tmp", "w") as f:
+            json.dump(knobs, f)
+        os.replace(self.prefill_knobs + ".tmp", self.prefill_knobs)
 
     def clear_knobs(self) -> None:
-        """A pair started without test knobs: nothing to clear when shared_cluster hands it on."""
+        """P's knobs off (a pair started without a knobs file has none to clear)."""
+        if self.prefill_knobs is not None:
+            self.set_prefill_knobs()
 
 
 def start_pd(server_set, model: str, *, base_port: int, bootstrap_port: int, router: bool = False,

@@ -13,11 +13,13 @@ share is visible in one place; a module's own flags would be another key.
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from typing import Callable
 
 import pytest
 
+from sglang_pdd.config import ENV_TEST_KNOBS
 from sglang_pdd.lab.testing.servers import ServerGroup
 
 MARK = "shared_cluster"
@@ -41,6 +43,7 @@ PAIR_PORT, PAIR_BOOT = 31400, 9400
 PAIR_EVENTS, PAIR_EVENTS_REPLAY = 5590, 5591
 PAIR_POOL = 2400  # MD's --max-total-tokens: two of test_kv_events' conversations do not fit
 PAIR_TRUSTED_RELAY = "tcp://127.0.0.1:18591"  # MD's --pdd-relays; nothing listens there
+PAIR_P_RELAY = "tcp://127.0.0.1:18592"  # P relays too (--pdd-relay local): its token channel, on MD's --pdd-relays
 
 
 def _kv_events(endpoint: int, replay: int) -> tuple[str, str]:
@@ -81,17 +84,19 @@ def _pair(group: ServerGroup, model: str):
 
     from .cluster import PD, idle_rows
 
+    knobs = os.path.join(group.log_dir, f"pair-prefill-{PAIR_PORT}.knobs.json")
     p = group.start(f"pair-prefill-{PAIR_PORT}", ServerConfig(
         model=model, port=PAIR_PORT, nccl_port=PAIR_PORT + 1000, mode="prefill", bootstrap_port=PAIR_BOOT,
-        extra=["--pdd-role", "prefill"]))
+        extra=["--pdd-role", "prefill", "--pdd-relay", "local", "--pdd-token-port", PAIR_P_RELAY.rpartition(":")[2]],
+        env={ENV_TEST_KNOBS: knobs}))
     md = group.start(f"pair-main-{PAIR_PORT + 1}", ServerConfig(
         model=model, port=PAIR_PORT + 1, nccl_port=PAIR_PORT + 1001, mode="decode", bootstrap_port=PAIR_BOOT,
         decode_radix_cache=True, max_total_tokens=PAIR_POOL,
         extra=["--pdd-role", "main", *_kv_events(PAIR_EVENTS, PAIR_EVENTS_REPLAY),
-               "--pdd-relays", PAIR_TRUSTED_RELAY, "--pdd-handoff-timeout", "10"]))
+               "--pdd-relays", f"{PAIR_TRUSTED_RELAY},{PAIR_P_RELAY}", "--pdd-handoff-timeout", "10"]))
     p.wait_ready()
     md.wait_ready()
-    return PD(prefill=p, decode=md, bootstrap_port=PAIR_BOOT, idle_rows=idle_rows(md.url))
+    return PD(prefill=p, decode=md, bootstrap_port=PAIR_BOOT, idle_rows=idle_rows(md.url), prefill_knobs=knobs)
 
 
 # key -> (group, model) -> the cluster (a `cluster.PDDServers` or `cluster.PD`: `clear_knobs` unsets what a

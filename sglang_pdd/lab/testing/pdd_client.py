@@ -136,3 +136,38 @@ def _stitch(results: dict, i: int, calls: list) -> RelayedResult:
     return RelayedResult(relay=relay, main=main, k=k, tokens=tokens,
                          timings={n: results[i, n + "_s"] for j, n, *_ in calls if j == i})
 
+
+
+def local_relayed_generate(prefill: str, main: str, bootstrap_host: str, bootstrap_port: int, token_channel: str,
+                           body: dict, *, room: int | None = None) -> RelayedResult:
+    """One request relayed on P itself (a P started with `--pdd-relay local`): P and MD share room R; P's
+    body says `relay_here`, MD's names P's token channel as its relay (`protocol.request`), both signed as
+    the router signs them. P's reply plays RLD's part in the result."""
+    from sglang_pdd.protocol import PROTOCOL_VERSION
+    from sglang_pdd.protocol.request import RequestParams, with_params
+
+    room = room if room is not None else room_plan.new_rooms()[0]
+    signer = signer_from_env()
+    base = {**body, "bootstrap_host": bootstrap_host, "bootstrap_port": bootstrap_port, "bootstrap_room": room}
+
+    def signed(params: RequestParams) -> RequestParams:
+        return signer.sign(params, room) if signer is not None else params
+
+    to_p = with_params(base, signed(RequestParams(v=PROTOCOL_VERSION, relay_here=True)))
+    to_main = with_params(base, signed(RequestParams(v=PROTOCOL_VERSION, relay_room=room, relay=token_channel)))
+    results: dict = {}
+    t0 = time.monotonic()
+
+    def call(name, url, b):
+        try:
+            results[0, name] = generate(url, b)
+        except Exception as e:
+            results[0, name] = e
+        results[0, name + "_s"] = time.monotonic() - t0
+
+    threads = [threading.Thread(target=call, args=a) for a in (("main", main, to_main), ("relay", prefill, to_p))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return _stitch(results, 0, [(0, "main"), (0, "relay")])

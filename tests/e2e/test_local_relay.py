@@ -1,0 +1,102 @@
+"""A prefill that relays (issue 45, `--pdd-relay local`): P decodes the relayed request in its own batches and
+hands it to MD by token IDs, no RelayDecode. Token-identical to the single server, greedy and seeded, with
+the handoff asserted at k >= the relay's `relay_min_eager` knob, concurrent requests, and P and MD idle
+afterwards. Controls: another seed differs; MD's part without P's eager tokens (the stream stitched one
+token short) differs. The servers are test_kv_events' P and MD (shared_cluster.PAIR: P relays locally)."""
+
+import threading
+
+import pytest
+
+from sglang_pdd.lab.testing.client import generate, greedy_body, greedy_ids
+from sglang_pdd.lab.testing.pdd_client import local_relayed_generate
+from sglang_pdd.lab.testing.servers import http_json
+from sglang_pdd.transfer.pool_state import KEY as POOL_KEY
+from sglang_pdd.transfer.pool_state import idle_problems
+
+from .cluster import idle_rows, metric, wait_until
+from .shared_cluster import PAIR, PAIR_BOOT as BOOT, PAIR_P_RELAY, cluster_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.shared_cluster(PAIR)]
+
+MIN_EAGER = 6
+SEEDED = {"temperature": 0.8, "top_p": 0.9, "sampling_seed": 1234}
+
+
+@pytest.fixture(scope="module")
+def pd(request, shared_clusters, tiny_model):
+    pd = cluster_for(request, shared_clusters, tiny_model)
+    pd.set_prefill_knobs(relay_min_eager=MIN_EAGER)
+    yield pd
+    pd.clear_knobs()
+
+
+def relayed(pd, body):
+    return local_relayed_generate(pd.prefill.url, pd.decode.url, "127.0.0.1", BOOT, PAIR_P_RELAY, body)
+
+
+def p_handoffs(pd) -> float:
+    return sum(v for k, v in metric(pd.prefill.url, "sglang_pdd_handoffs_total").items() if dict(k).get("role") == "prefill")
+
+
+def test_relayed_on_p_greedy_is_identical_with_a_handoff(pd, reference_server, prompts):
+    ids = prompts.ids(300, seed=451)
+    want = greedy_ids(reference_server.url, ids, 40)
+    before = p_handoffs(pd)
+    r = relayed(pd, greedy_body(ids, 40))
+    assert r.handed_over, r.relay["meta_info"]["finish_reason"]
+    assert r.k >= MIN_EAGER, r.k
+    assert r.tokens == want
+    assert r.relay["output_ids"][:r.k] == want[:r.k]  # P's stream carries exactly its k eager tokens
+    assert r.tokens[:r.k - 1] + r.main["output_ids"][r.k:] != want  # control: one eager token short
+    assert wait_until(lambda: p_handoffs(pd) >= before + 1, "P counts its handoff")
+
+
+def test_relayed_on_p_seeded_is_identical_and_another_seed_differs(pd, reference_server, prompts):
+    ids = prompts.ids(200, seed=452)
+    want = greedy_ids(reference_server.url, ids, 48, **SEEDED)
+    other = greedy_ids(reference_server.url, ids, 48, **{**SEEDED, "sampling_seed": 4321})
+    r = relayed(pd, greedy_body(ids, 48, **SEEDED))
+    assert r.handed_over and r.k >= MIN_EAGER, (r.k, r.relay["meta_info"]["finish_reason"])
+    assert r.tokens == want
+    assert other != want  # control: the seed decides these tokens
+
+
+def test_concurrent_relays_on_p_are_identical(pd, reference_server, prompts):
+    prompts_ids = [prompts.ids(120 + 40 * i, seed=460 + i) for i in range(3)]
+    wants = [greedy_ids(reference_server.url, ids, 32) for ids in prompts_ids]
+    results: dict = {}
+
+    def one(i):
+        results[i] = relayed(pd, greedy_body(prompts_ids[i], 32))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in range(3):
+        assert results[i].handed_over and results[i].k >= MIN_EAGER, i
+        assert results[i].tokens == wants[i], i
+
+
+def test_plain_pd_through_the_relaying_p_is_untouched(pd, reference_server, prompts):
+    ids = prompts.ids(150, seed=470)
+    body = {**greedy_body(ids, 16), "bootstrap_host": "127.0.0.1", "bootstrap_port": BOOT, "bootstrap_room": 470}
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.setdefault("p", generate(pd.prefill.url, body)))
+    t.start()
+    out["d"] = generate(pd.decode.url, body)
+    t.join()
+    assert out["d"]["output_ids"] == greedy_ids(reference_server.url, ids, 16)
+    assert len(out["p"]["output_ids"]) <= 1  # P did not decode it
+
+
+def test_p_and_md_are_idle_afterwards(pd):
+    def p_idle():
+        status, info = http_json(pd.prefill.url + "/get_server_info")
+        state = info["internal_states"][0][POOL_KEY]
+        return not idle_problems(state) and state["local_relay"]["relayed"] == 0
+
+    wait_until(p_idle, "P holds nothing after its relays")
+    assert wait_until(lambda: idle_rows(pd.decode.url) == pd.idle_rows, "MD's rows back to idle")
