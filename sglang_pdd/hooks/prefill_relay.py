@@ -1,10 +1,10 @@
 """Hooks of a prefill that relays (`--pdd-relay local`): each delegates to its LocalRelay
-(sglang_pdd.prefill.local_relay); on any other server every body calls straight through."""
+(sglang_pdd.prefill_relay.local_relay); on any other server every body calls straight through."""
 
 from __future__ import annotations
 
-from sglang_pdd.prefill.local_relay import keep_max_new_tokens
-from sglang_pdd.prefill.runtime import relay
+from sglang_pdd.prefill_relay.local_relay import keep_max_new_tokens
+from sglang_pdd.prefill_relay.runtime import relay
 
 
 def around_process_req(original, queue, req, *a, **kw):

@@ -9,7 +9,7 @@ import functools
 
 from sglang_pdd.decode import extension as decode_extension
 from sglang_pdd.config import PddConfig
-from sglang_pdd.prefill.runtime import relay
+from sglang_pdd.prefill_relay.runtime import relay
 from sglang_pdd.process_state import capabilities, fanout
 from sglang_pdd.transfer import pool_state
 

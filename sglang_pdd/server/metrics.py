@@ -95,7 +95,8 @@ def record_handoff(role: str, handoff_tokens: int) -> None:
 
 def record_local_relay(event: str) -> None:
     """A prefill that relays (--pdd-relay local): a relayed request `decoding` on P, `parked` at once for lack
-    of KV (hands MD its first token), `refused_unsigned` (served P->MD), or its `transfer_failed`."""
+    of KV (hands MD its first token), `finished_at_prefill` (its first token ended it), `aborted` (its client
+    left), `refused_unsigned` (served P->MD), or its `transfer_failed`."""
     _counter("local_relay_requests", "Requests relayed to a prefill that relays, by what it did with them",
              ("event",)).labels(event).inc()
 

@@ -39,6 +39,10 @@ def p_handoffs(pd) -> float:
     return sum(v for k, v in metric(pd.prefill.url, "sglang_pdd_handoffs_total").items() if dict(k).get("role") == "prefill")
 
 
+def local_relay_events(pd) -> dict:
+    return {dict(k)["event"]: v for k, v in metric(pd.prefill.url, "sglang_pdd_local_relay_requests_total").items()}
+
+
 def test_relayed_on_p_greedy_is_identical_with_a_handoff(pd, reference_server, prompts):
     ids = prompts.ids(300, seed=451)
     want = greedy_ids(reference_server.url, ids, 40)
@@ -50,6 +54,7 @@ def test_relayed_on_p_greedy_is_identical_with_a_handoff(pd, reference_server, p
     assert r.relay["output_ids"][:r.k] == want[:r.k]  # P's stream carries exactly its k eager tokens
     assert r.tokens[:r.k - 1] + r.main["output_ids"][r.k:] != want  # control: one eager token short
     assert wait_until(lambda: p_handoffs(pd) >= before + 1, "P counts its handoff")
+    assert local_relay_events(pd).get("decoding", 0) >= 1  # P decoded it (not parked)
 
 
 def test_relayed_on_p_seeded_is_identical_and_another_seed_differs(pd, reference_server, prompts):
@@ -90,6 +95,59 @@ def test_plain_pd_through_the_relaying_p_is_untouched(pd, reference_server, prom
     t.join()
     assert out["d"]["output_ids"] == greedy_ids(reference_server.url, ids, 16)
     assert len(out["p"]["output_ids"]) <= 1  # P did not decode it
+
+
+def test_relayed_on_p_streamed_with_logprobs_is_identical(pd, reference_server, prompts):
+    ids = prompts.ids(250, seed=453)
+    body = {**greedy_body(ids, 32), "return_logprob": True}
+    want = generate(reference_server.url, body)
+    r = local_relayed_generate(pd.prefill.url, pd.decode.url, "127.0.0.1", BOOT, PAIR_P_RELAY, body, stream=True)
+    assert r.handed_over and r.k >= MIN_EAGER, r.k
+    assert r.tokens == want["output_ids"]
+    # P's logprobs of its k tokens are the single server's (its own decode steps, not recomputed)
+    mine = [lp[0] for lp in r.relay["meta_info"]["output_token_logprobs"][:r.k]]
+    ref = [lp[0] for lp in want["meta_info"]["output_token_logprobs"][:r.k]]
+    assert mine == pytest.approx(ref, abs=1e-4)
+
+
+def test_relayed_on_p_under_a_json_schema_is_identical(pd, reference_server, prompts):
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+              "required": ["a", "b"]}
+    import json as _json
+
+    ids = prompts.ids(120, seed=454)
+    body = greedy_body(ids, 40, json_schema=_json.dumps(schema))
+    body["sampling_params"].pop("ignore_eos")
+    want = generate(reference_server.url, body)["output_ids"]
+    r = relayed(pd, body)
+    assert r.handed_over, r.relay["meta_info"]["finish_reason"]  # the grammar rode P's steps and the handoff
+    assert r.tokens == want
+
+
+def test_a_client_leaving_mid_relay_ends_every_copy_and_leaves_p_idle(pd, prompts):
+    pd.set_prefill_knobs(relay_min_eager=100000)  # P never answers MD's Ready: it relays until the client leaves
+    aborted = local_relay_events(pd).get("aborted", 0)
+    try:
+        ids = prompts.ids(200, seed=455)
+        out: dict = {}
+        chunks = []
+
+        def client():
+            try:
+                out["r"] = local_relayed_generate(pd.prefill.url, pd.decode.url, "127.0.0.1", BOOT, PAIR_P_RELAY,
+                                                  greedy_body(ids, 2000), stream=True, stop_after=8, seen=chunks)
+            except Exception as e:  # the client left: MD's copy ends with an error, P's stream was cut
+                out["e"] = e
+
+        t = threading.Thread(target=client)
+        t.start()
+        t.join(timeout=300)
+        assert not t.is_alive()
+        assert len(chunks) >= 8  # it left while P was relaying
+        assert wait_until(lambda: local_relay_events(pd).get("aborted", 0) == aborted + 1, "P aborted its copy")
+    finally:
+        pd.set_prefill_knobs(relay_min_eager=MIN_EAGER)
+    test_p_and_md_are_idle_afterwards(pd)
 
 
 def test_p_and_md_are_idle_afterwards(pd):

@@ -9,7 +9,7 @@ import-structure test is the model.
    workload, testbed, testing, compat, demo) may import the serving wing, not the other way round;
    checked once more by importing every serving module in a fresh interpreter.
 2. Only the control modules (`CONTROL_MODULES`: decode/relay/controls.py, decode/main/controls.py,
-   transfer/controls.py) import `sglang_pdd.test_switches`. They choose once, when their role starts,
+   transfer/controls.py, prefill_relay/controls.py) import `sglang_pdd.test_switches`. They choose once, when their role starts,
    the controlled classes or the seams the serving code is given; no other serving module knows a
    test switch.
 3. No import cycle: the module import graph is acyclic. An edge goes from a module to the deepest
@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parents[2]
 LAB = "sglang_pdd.lab"
 TEST_SWITCHES = "sglang_pdd.test_switches"
 CONTROL_MODULES = ("sglang_pdd.decode.relay.controls", "sglang_pdd.decode.main.controls",
-                   "sglang_pdd.transfer.controls")
+                   "sglang_pdd.transfer.controls", "sglang_pdd.prefill_relay.controls")
 MAX_FLOORS = 8
 
 

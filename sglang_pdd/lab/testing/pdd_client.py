@@ -139,10 +139,13 @@ def _stitch(results: dict, i: int, calls: list) -> RelayedResult:
 
 
 def local_relayed_generate(prefill: str, main: str, bootstrap_host: str, bootstrap_port: int, token_channel: str,
-                           body: dict, *, room: int | None = None) -> RelayedResult:
+                           body: dict, *, room: int | None = None, stream: bool = False, stop_after: int | None = None,
+                           seen: list | None = None) -> RelayedResult:
     """One request relayed on P itself (a P started with `--pdd-relay local`): P and MD share room R; P's
     body says `relay_here`, MD's names P's token channel as its relay (`protocol.request`), both signed as
-    the router signs them. P's reply plays RLD's part in the result."""
+    the router signs them. P's reply plays RLD's part in the result. `stream`: P's reply is read as a
+    stream (its chunks appended to `seen`); with `stop_after` the client leaves after that many chunks
+    carrying tokens (then GenerateError, once MD's copy ended)."""
     from sglang_pdd.protocol import PROTOCOL_VERSION
     from sglang_pdd.protocol.request import RequestParams, with_params
 
@@ -160,7 +163,7 @@ def local_relayed_generate(prefill: str, main: str, bootstrap_host: str, bootstr
 
     def call(name, url, b):
         try:
-            results[0, name] = generate(url, b)
+            results[0, name] = _streamed(url, b, stop_after, seen) if stream and name == "relay" else generate(url, b)
         except Exception as e:
             results[0, name] = e
         results[0, name + "_s"] = time.monotonic() - t0
@@ -170,4 +173,29 @@ def local_relayed_generate(prefill: str, main: str, bootstrap_host: str, bootstr
         t.start()
     for t in threads:
         t.join()
+    if stop_after is not None:
+        raise GenerateError(f"the client left after {stop_after} chunks")
     return _stitch(results, 0, [(0, "main"), (0, "relay")])
+
+
+def _streamed(url: str, body: dict, stop_after: int | None, seen: list | None) -> dict:
+    """A streamed /generate read to its end (or left after `stop_after` chunks with tokens): the last chunk,
+    its logprobs those of every chunk where sglang sent each chunk's own."""
+    from sglang_pdd.lab.testing.client import sse_chunks
+
+    chunks = seen if seen is not None else []
+    gen = sse_chunks(url, body)
+    try:
+        for chunk in gen:
+            if "error" in chunk:
+                raise GenerateError(f"{url}: {chunk['error']}")
+            chunks.append(chunk)
+            if stop_after is not None and sum(1 for c in chunks if c.get("output_ids")) >= stop_after:
+                return chunk
+    finally:
+        gen.close()
+    last = chunks[-1]
+    lps = last["meta_info"].get("output_token_logprobs")
+    if lps is not None and len(lps) < len(last["output_ids"]):
+        last["meta_info"]["output_token_logprobs"] = [lp for c in chunks for lp in c["meta_info"]["output_token_logprobs"]]
+    return last

@@ -28,8 +28,8 @@ from sglang_pdd.config import PddConfig
 from sglang_pdd.decode.relay.handoff import RelayHandoff, no_hold
 from sglang_pdd.decode.relay.runtime import handoff_finish
 from sglang_pdd.policy.handoff_mode import HandoffModeConfig, HandoffModePolicy
-from sglang_pdd.prefill.held_rows import HeldRows
-from sglang_pdd.prefill.relay_batch import RelayBatch
+from sglang_pdd.prefill_relay.held_rows import HeldRows
+from sglang_pdd.prefill_relay.relay_batch import RelayBatch
 from sglang_pdd.protocol import keys
 from sglang_pdd.protocol.channel import RelayChannel
 from sglang_pdd.protocol.request import RequestParamsError, parse
@@ -228,6 +228,7 @@ class LocalRelay:
             if req.finished() or not (abort_all or req.rid.startswith(rid)):
                 continue
             req.to_finish = FINISH_ABORT()
+            metrics.record_local_relay("aborted")
             if any(r is req for r in self.batch.parked):
                 req.finished_reason, req.to_finish = req.to_finish, None
                 self.s.output_streamer.stream_output([req], req.return_logprob)

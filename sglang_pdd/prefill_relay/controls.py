@@ -1,6 +1,6 @@
 """LocalRelay with the test-only knobs (test_switches.TestKnobs); never in production.
 
-`for_process` gives a prefill that relays its `LocalRelay` once, when it starts (prefill/runtime.py): the
+`for_process` gives a prefill that relays its `LocalRelay` once, when it starts (prefill_relay/runtime.py): the
 plain class in production, `ControlledLocalRelay` when the process's test switches are on. The controlled
 relay holds each Ready until the request has `relay_min_eager` tokens, as RelayDecode's does
 (decode/relay/controls.py), so a test forces a handoff with k >= it without timing.
@@ -13,7 +13,7 @@ from typing import Any
 from sglang_pdd import test_switches
 from sglang_pdd.config import PddConfig
 from sglang_pdd.decode.relay.controls import MIN_EAGER_ATTR, below_min_eager
-from sglang_pdd.prefill.local_relay import LocalRelay
+from sglang_pdd.prefill_relay.local_relay import LocalRelay
 from sglang_pdd.test_switches import TestSwitches
 
 
