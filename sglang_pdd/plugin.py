@@ -91,6 +91,8 @@ HOOKS: tuple[Hook, ...] = (
          "prefill_relay:around_process_batch_result_disagg_prefill", "AROUND"),
     Hook(f"{_SRT}.managers.scheduler.Scheduler.process_disagg_prefill_inflight_queue",
          "prefill_relay:around_process_disagg_prefill_inflight_queue", "AROUND"),
+    Hook(f"{_SRT}.managers.scheduler.Scheduler.is_fully_idle", "prefill_relay:after_is_fully_idle", "AFTER",
+         retirable=False),  # patch 0003 retires the decode roles' hook on it, not a prefill's
     Hook(f"{_SRT}.managers.scheduler.Scheduler.abort_request", "prefill_relay:after_abort_request", "AFTER",
          retirable=False),  # patch 0003 retires the decode roles' hook on it, not a prefill's
     # RelayDecode and MainDecode (inert on other servers)

@@ -33,6 +33,9 @@ class TestKnobs:
     # Ready came first). Read when the relay admits a request. Forces a handoff with eager tokens
     # without holding anything back by time.
     relay_min_eager: int = 0
+    # prefill (--pdd-relay local): relay nothing on P, as a P short of KV does: each relayed request is parked at
+    # once and hands MD its first token (k = 1)
+    local_relay_park: bool = False
     # main: start no handoff EXTEND before this many final handoffs are ready (a test of batched
     # handoffs waits on this state instead of on timing; 0: off)
     main_gather_handoffs: int = 0

@@ -44,3 +44,12 @@ def after_abort_request(_result, scheduler, recv_req, *a, **kw) -> None:
     lr = relay(scheduler)
     if lr is not None:
         lr.on_abort(recv_req.rid, abort_all=bool(getattr(recv_req, "abort_all", False)))
+
+
+def after_is_fully_idle(result, scheduler, *a, **kw):
+    """Not idle while the relay holds requests or rows (sglang checks its pools for leaks when idle); a health
+    check is answered as sglang decides."""
+    if not result or kw.get("for_health_check", a[0] if a else False):
+        return result
+    lr = relay(scheduler)
+    return not (lr is not None and lr.holds())

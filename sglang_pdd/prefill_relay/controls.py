@@ -3,7 +3,8 @@
 `for_process` gives a prefill that relays its `LocalRelay` once, when it starts (prefill_relay/runtime.py): the
 plain class in production, `ControlledLocalRelay` when the process's test switches are on. The controlled
 relay holds each Ready until the request has `relay_min_eager` tokens, as RelayDecode's does
-(decode/relay/controls.py), so a test forces a handoff with k >= it without timing.
+(decode/relay/controls.py), so a test forces a handoff with k >= it without timing, and parks every
+relayed request with `local_relay_park`, as a P short of KV does.
 """
 
 from __future__ import annotations
@@ -34,3 +35,9 @@ class ControlledLocalRelay(LocalRelay):
         for req in reqs:
             setattr(req, MIN_EAGER_ATTR, n)
         super().take_prefilled(reqs)
+        for req in self.batch.parked:  # it decodes nothing: held, it would never be handed over
+            setattr(req, MIN_EAGER_ATTR, 0)
+
+    def admits(self) -> bool:
+        """`local_relay_park`: no KV for relays, whatever the pool holds."""
+        return not (self.switches.on and self.switches.knobs().local_relay_park) and super().admits()

@@ -3,7 +3,7 @@
 For a request the router relays to P (`custom_params.pdd.relay_here`, signed: `protocol.request`), P runs
 the prefill and sends MD the KV MD misses over the request's own room, as for P->MD; then, instead of
 freeing the request, it keeps it (`take_prefilled`): its first token goes to the client at once and it
-decodes in `RelayBatch`, one decode step after each prefill step (`next_plan`: a prefill waits at most
+decodes in `RelayBatch`, one decode step after each prefill step (`StepOrder`: a prefill waits at most
 one decode step for the relay, and a relay never waits for an empty prefill queue). MD talks to P's token
 channel as to RLD's: `RelayHandoff`, the same state machine, answers its `Ready` with the token IDs so far
 (one-shot or catch-up) and ends P's copy with the handoff finish. The request's KV stays P's until both its
@@ -30,6 +30,7 @@ from sglang_pdd.decode.relay.runtime import handoff_finish
 from sglang_pdd.policy.handoff_mode import HandoffModeConfig, HandoffModePolicy
 from sglang_pdd.prefill_relay.held_rows import HeldRows
 from sglang_pdd.prefill_relay.relay_batch import RelayBatch
+from sglang_pdd.prefill_relay.step_order import StepOrder
 from sglang_pdd.protocol import keys
 from sglang_pdd.protocol.channel import RelayChannel
 from sglang_pdd.protocol.request import RequestParamsError, parse
@@ -67,35 +68,21 @@ class LocalRelay:
         self.rows = HeldRows(scheduler.tree_cache)
         self.relayed: dict[str, Any] = {}  # rid -> request P took over after its prefill, until it ends
         self.transfers: dict[str, Any] = {}  # rid -> relayed request whose KV transfer to MD is not over
-        self.last_prefill: Any = None  # the last prefill batch (the loop's last batch, for sglang's chunk step)
-        self.last_step: Any = None  # the last decode batch this relay ran
-        self.prefill_ran_last = False
+        self.order = StepOrder()
         idle_wait.watch(scheduler, self.channel.sock)  # MD's Ready ends an idle wait
         logger.info("sglang-pdd prefill: relays locally, token channel on %s", self.channel.address)
 
     # -- the scheduler's choice of batch --------------------------------------------------------
     def next_plan(self, original: Callable, running_batch: Any, last_batch: Any, *a, **kw) -> Any:
-        """sglang's next prefill plan, or this relay's decode step: prefill first, one step between two."""
+        """sglang's next prefill plan, or this relay's decode step (`StepOrder`: prefill first, one step between two)."""
         from sglang.srt.managers.schedule_batch import NextBatchPlan
 
         self.poll()
-        if last_batch is not None and last_batch is self.last_step:
-            last_batch = self.last_prefill  # sglang's chunk bookkeeping reads the last prefill batch
-        if self.prefill_ran_last:
-            step = self._step()
-            if step is not None:
-                return NextBatchPlan(batch_to_run=step, running_batch=running_batch)
-        plan = original(self.s, running_batch, last_batch, *a, **kw)
-        if plan.batch_to_run is not None:
-            self.last_prefill, self.prefill_ran_last = plan.batch_to_run, True
+        plan, step = self.order.next(lambda last: original(self.s, running_batch, last, *a, **kw), self.batch.step,
+                                     last_batch)
+        if step is None:
             return plan
-        step = self._step()
-        return plan if step is None else NextBatchPlan(batch_to_run=step, running_batch=plan.running_batch)
-
-    def _step(self) -> Any:
-        self.prefill_ran_last = False
-        self.last_step = self.batch.step()
-        return self.last_step
+        return NextBatchPlan(batch_to_run=step, running_batch=running_batch if plan is None else plan.running_batch)
 
     # -- requests in -------------------------------------------------------------------------
     def take_prefilled(self, reqs: list) -> None:
@@ -238,7 +225,12 @@ class LocalRelay:
     def _forget(self, req: Any) -> None:
         self.relayed.pop(req.rid, None)
 
-    # -- leak checks -----------------------------------------------------------------------------
+    # -- sglang's idle check and leak checks ------------------------------------------------------
+    def holds(self) -> bool:
+        """Rows or requests of the relay's: the scheduler is not idle (sglang's idle pool check would take a
+        parked request's or a held row for a leak)."""
+        return bool(self.relayed) or len(self.batch) > 0 or len(self.rows) > 0
+
     def state(self) -> dict:
         """What this relay holds (all 0 when P is idle): P's `/get_server_info`, transfer.pool_state."""
         return {"relayed": len(self.relayed), "decoding": self.batch.decoding(), "parked": len(self.batch.parked),

@@ -85,6 +85,19 @@ def test_concurrent_relays_on_p_are_identical(pd, reference_server, prompts):
         assert results[i].tokens == wants[i], i
 
 
+def test_a_p_short_of_kv_parks_the_request_and_hands_md_its_first_token(pd, reference_server, prompts):
+    pd.set_prefill_knobs(relay_min_eager=MIN_EAGER, local_relay_park=True)
+    try:
+        parked = local_relay_events(pd).get("parked", 0)
+        ids = prompts.ids(180, seed=456)
+        r = relayed(pd, greedy_body(ids, 24))
+        assert r.handed_over and r.k == 1, r.k  # P decoded nothing: MD took over from P's first token
+        assert r.tokens == greedy_ids(reference_server.url, ids, 24)
+        assert local_relay_events(pd)["parked"] == parked + 1
+    finally:
+        pd.set_prefill_knobs(relay_min_eager=MIN_EAGER)
+
+
 def test_plain_pd_through_the_relaying_p_is_untouched(pd, reference_server, prompts):
     ids = prompts.ids(150, seed=470)
     body = {**greedy_body(ids, 16), "bootstrap_host": "127.0.0.1", "bootstrap_port": BOOT, "bootstrap_room": 470}

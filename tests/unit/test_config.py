@@ -111,6 +111,7 @@ NON_DEFAULT = {
     "seeded_sampling": "on",
     "token_curve": "off",
     "relays": "tcp://10.0.0.5:18500,tcp://rld-b:18501",
+    "relay": "local",
     "kv_timeout": 90.0,
     "idle_wait_ms": 2.5,
     "transfer_poll_ms": 0.5,
@@ -305,3 +306,15 @@ def test_main_and_prefill_bind_no_token_channel(no_curve):
         args = parse("--pdd-role", role)
         args.host = "0.0.0.0"
         assert config.from_cli_args(args, disaggregation_mode=mode, decode_radix_cache=True).role is Role(role)
+
+
+def test_a_prefill_that_relays_needs_a_token_port_and_only_a_prefill_relays():
+    cfg = config.from_cli_args(parse("--pdd-role", "prefill", "--pdd-relay", "local", "--pdd-token-port", "18592"),
+                               disaggregation_mode="prefill")
+    assert cfg.relays_locally and cfg.token_port == 18592
+    assert not config.from_cli_args(parse("--pdd-role", "prefill"), disaggregation_mode="prefill").relays_locally
+    with pytest.raises(PddConfigError, match="--pdd-relay local needs --pdd-token-port"):
+        config.from_cli_args(parse("--pdd-role", "prefill", "--pdd-relay", "local"), disaggregation_mode="prefill")
+    with pytest.raises(PddConfigError, match="--pdd-relay local is a prefill's flag"):
+        config.from_cli_args(parse("--pdd-role", "main", "--pdd-relay", "local"), disaggregation_mode="decode",
+                             decode_radix_cache=True)

@@ -64,6 +64,8 @@ def test_request_params_round_trip_through_custom_params():
     p = request.RequestParams(v=1, relay_room=7, relay="tcp://10.0.0.1:18500")
     assert request.parse(p.to_custom_params()) == p
     assert request.parse({"other": 1}) is None and request.parse(None) is None
+    here = request.RequestParams(v=1, relay_here=True)  # to a prefill that relays (--pdd-relay local)
+    assert request.parse(here.to_custom_params()) == here
 
 
 @pytest.mark.parametrize("raw, match", [
@@ -72,6 +74,8 @@ def test_request_params_round_trip_through_custom_params():
     ({"v": 1, "relay_room": 3}, "go together"),
     ({"v": 1, "relay_room": 3, "relay": "http://x:1"}, "tcp://host:port"),
     ({"v": 1, "bogus": 1}, "bogus"),
+    ({"v": 1, "relay_here": True, "main_room": 4}, "relay_here and main_room exclude each other"),
+    ({"v": 1, "relay_here": "yes"}, "relay_here"),
     ("nope", "pdd"),
 ])
 def test_malformed_request_params_are_clear_errors(raw, match):

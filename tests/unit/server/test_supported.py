@@ -161,3 +161,19 @@ def test_the_packed_wan_path_runs_on_mla_pools_and_still_refuses_dsa(role):
     cfg = config.PddConfig(role=Role(role), packed_wan="plain")
     assert supported.unsupported_kv_pool(cfg, _pool(memory_pool.MLATokenToKVPool)) is None
     assert "DSA/NSA" in supported.unsupported_kv_pool(cfg, _pool(memory_pool.DSATokenToKVPool))
+
+
+RELAYING_P = ["--pdd-role", "prefill", "--disaggregation-mode", "prefill", "--pdd-relay", "local",
+              "--pdd-token-port", "18592"]
+
+
+@pytest.mark.parametrize("extra, names", [
+    ([], "--disable-overlap-schedule"),
+    (["--disable-overlap-schedule", "--tp-size", "2"], "--tp-size 2"),
+    (["--disable-overlap-schedule", "--optimistic-prefill-attempts", "2"], "--optimistic-prefill-attempts"),
+    (["--disable-overlap-schedule", "--speculative-algorithm", "EAGLE"], "--speculative-algorithm"),
+])
+def test_a_prefill_that_relays_with_an_unproven_setting_exits_naming_the_flag(parser, extra, names):
+    said = start(parser, *RELAYING_P, *extra)
+    assert said.startswith("sglang-pdd: error: ") and "--pdd-relay local" in said and names in said
+    assert start(parser, *RELAYING_P, "--disable-overlap-schedule") == ""
