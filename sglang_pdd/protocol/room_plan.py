@@ -7,6 +7,9 @@ host and port and its room; per pipeline:
 * P->RLD->MD: P and RLD room R, MD room R2. P's body carries `main_room=R2` (its fan-out sender
   feeds MD too); MD's carries `relay_room=R` and RLD's token channel (see `protocol.request`).
 * P->RLD:     P and RLD room R (odd traffic: RLD finishes the request); MD is not asked.
+* P->RLD->MD relayed on P itself (`relay_here`: a P started with `--pdd-relay local` is the relay): P and MD
+  room R, no RLD. P's body (the "relay" copy: its stream is the relay's) carries `relay_here`; MD's
+  carries `relay_room=R` and P's token channel.
 
 The router (`router/request/dispatch.py`) plans every request this way, and signs P's and MD's parameters
 (`protocol.request_auth`); so do the clients that drive the roles by hand (`testing/pdd_client.py`,
@@ -41,13 +44,15 @@ def new_rooms() -> tuple[int, int]:
 
 def plan(body: dict, pipeline: Pipeline, bootstrap_host: str, bootstrap_port: int,
          token_channel: str | None = None, *, rooms: tuple[int, int] | None = None,
-         rid: str | None = None, main_params: dict | None = None, signer: ParamsSigner | None = None) -> RoomPlan:
+         rid: str | None = None, main_params: dict | None = None, signer: ParamsSigner | None = None,
+         relay_here: bool = False) -> RoomPlan:
     """The rooms and per-role bodies of `body` through `pipeline`. `rooms` (R, R2) default to
     `new_rooms()`; with `rid`, each body gets `rid` plus its role's suffix (-p, -r, -m).
     `token_channel` is RLD's (tcp://host:port); without it on P->RLD->MD, MD only receives its KV
     from P's fan-out and is not told of a relay (the fan-out tests). `main_params` adds fields of
     MD's `RequestParams` (handoff, chunk, ...). `signer` (the router's) signs P's and MD's parameters,
-    each bound to its body's room; without it they go unsigned (a server holding the secret refuses them)."""
+    each bound to its body's room; without it they go unsigned (a server holding the secret refuses them).
+    `relay_here` (P->RLD->MD only): the relay is P itself, `token_channel` P's."""
     if main_params and token_channel is None:
         raise ValueError("main_params go with a relay's token channel")
     room, room2 = rooms if rooms is not None else new_rooms()
@@ -63,8 +68,17 @@ def plan(body: dict, pipeline: Pipeline, bootstrap_host: str, bootstrap_port: in
         return out
 
     bodies: dict[str, dict] = {}
+    if relay_here and pipeline is not Pipeline.P_RLD_MD:
+        raise ValueError(f"only P->RLD->MD relays on P, not {pipeline.value}")
     if pipeline is Pipeline.P_MD:
         bodies["prefill"], bodies["main"] = to("prefill", room), to("main", room)
+    elif pipeline is Pipeline.P_RLD_MD and relay_here:
+        if token_channel is None:
+            raise ValueError("a relay on P needs P's token channel")
+        bodies["main"] = with_params(to("main", room), signed(RequestParams(
+            v=PROTOCOL_VERSION, relay_room=room, relay=token_channel, **(main_params or {})), room))
+        bodies["relay"] = with_params(to("relay", room), signed(RequestParams(v=PROTOCOL_VERSION, relay_here=True), room))
+        room2 = room
     elif pipeline is Pipeline.P_RLD_MD:
         main = to("main", room2)
         if token_channel is not None:

@@ -49,18 +49,21 @@ from sglang_pdd.router.peers import role_auth
 def _peer_args(values: list[list[str]], role: str, default_port: int | None, flag: str) -> list[Peer]:
     peers = []
     for v in values or []:
-        if not v or len(v) > 2 or not v[0].startswith(("http://", "https://")):
-            raise SystemExit(f"{flag}: expected URL [{'SITE' if role == 'main' else 'PORT'}], got {' '.join(v)}")
+        most = 3 if role == "prefill" else 2  # --prefill URL [BOOTSTRAP_PORT [TOKEN_PORT]]
+        if not v or len(v) > most or not v[0].startswith(("http://", "https://")):
+            want = {"main": "SITE", "prefill": "BOOTSTRAP_PORT [TOKEN_PORT]"}.get(role, "PORT")
+            raise SystemExit(f"{flag}: expected URL [{want}], got {' '.join(v)}")
         if role == "main":  # --main URL [SITE]
             peers.append(Peer(v[0].rstrip("/"), site=v[1] if len(v) == 2 else ""))
             continue
-        port = int(v[1]) if len(v) == 2 and v[1] != "none" else default_port
+        port = int(v[1]) if len(v) >= 2 and v[1] != "none" else default_port
         if role == "relay":
             if port is None:
                 raise SystemExit(f"{flag} {v[0]}: give the relay's token-channel port (its --pdd-token-port)")
             peers.append(Peer(v[0].rstrip("/"), token_channel=f"tcp://{urlparse(v[0]).hostname}:{port}"))
-        else:
-            peers.append(Peer(v[0].rstrip("/"), bootstrap_port=port))
+        else:  # a prefill; with a token port it relays (--pdd-relay local)
+            channel = f"tcp://{urlparse(v[0]).hostname}:{int(v[2])}" if len(v) == 3 else None
+            peers.append(Peer(v[0].rstrip("/"), bootstrap_port=port, token_channel=channel))
     return peers
 
 

@@ -64,7 +64,9 @@ def build_parser(description: str = "the PDD router") -> argparse.ArgumentParser
                                  formatter_class=HelpWithDefaults)
     # -- the roles ---------------------------------------------------------------------------
     ap.add_argument("--prefill", nargs="+", action="append", metavar=("URL", "BOOTSTRAP_PORT"), required=True,
-                    help="a prefill server, and its PD bootstrap port (8998 when not given); may be repeated")
+                    help="a prefill server, and its PD bootstrap port (8998 when not given); may be repeated. A third "
+                         "value, TOKEN_PORT, names a prefill that relays (its --pdd-relay local and --pdd-token-port): "
+                         "a request relayed from it is relayed on it (no RelayDecode copy)")
     ap.add_argument("--relay", nargs="+", action="append", metavar=("URL", "TOKEN_PORT"), default=[],
                     help="a RelayDecode server, and its token-channel port (its --pdd-token-port); may be "
                          "repeated (none: every request goes P->MD, and --pipeline must be direct)")

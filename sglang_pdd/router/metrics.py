@@ -37,6 +37,9 @@ class RouterMetrics:
                               ("source",), registry=self.registry)
         self.handoffs = Counter("sglang_pdd_router_handoffs", "Relay-to-main handoffs by mode",
                                 ("mode",), registry=self.registry)
+        self.relayed = Counter("sglang_pdd_router_relayed", "Relayed requests by who relayed them: an RLD "
+                               "(relay) or the prefill itself (prefill, --pdd-relay local)", ("target",),
+                               registry=self.registry)
         from prometheus_client import Gauge, Histogram
 
         self.bandwidth = Gauge("sglang_pdd_router_wan_bandwidth_estimate_bytes_per_second",
@@ -127,6 +130,8 @@ class RouterMetrics:
         self.tokens.labels("main").inc(n_tokens - relay_tokens)
         if outcome.handoff_tokens is not None:
             self.handoffs.labels(outcome.handoff_mode or "unknown").inc()
+        if outcome.relay_target is not None:
+            self.relayed.labels(outcome.relay_target).inc()
         for cause in outcome.migrations:
             self.migrations.labels(cause, "completed" if ok else "failed").inc()
         if not ok and outcome.unmigrated is not None:

@@ -9,13 +9,15 @@ import threading
 import pytest
 
 from sglang_pdd.lab.testing.client import generate, greedy_body, greedy_ids
+from sglang_pdd.lab.testing.launch_args import PddRouterConfig
 from sglang_pdd.lab.testing.pdd_client import local_relayed_generate
 from sglang_pdd.lab.testing.servers import http_json
+from sglang_pdd.protocol.reply import ReplyMeta
 from sglang_pdd.transfer.pool_state import KEY as POOL_KEY
 from sglang_pdd.transfer.pool_state import idle_problems
 
 from .cluster import idle_rows, metric, wait_until
-from .shared_cluster import PAIR, PAIR_BOOT as BOOT, PAIR_P_RELAY, cluster_for
+from .shared_cluster import PAIR, PAIR_BOOT as BOOT, PAIR_P_RELAY, PAIR_PORT, cluster_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.shared_cluster(PAIR)]
 
@@ -161,6 +163,21 @@ def test_a_client_leaving_mid_relay_ends_every_copy_and_leaves_p_idle(pd, prompt
     finally:
         pd.set_prefill_knobs(relay_min_eager=MIN_EAGER)
     test_p_and_md_are_idle_afterwards(pd)
+
+
+def test_the_router_relays_on_the_prefill_that_relays(pd, server_group, reference_server, prompts, tiny_model):
+    """`--prefill URL BOOTSTRAP_PORT TOKEN_PORT`: no --relay, and each relayed request is relayed on P."""
+    router = server_group.start("router-local-relay", PddRouterConfig(
+        prefill=[(pd.prefill.url, BOOT, int(PAIR_P_RELAY.rpartition(":")[2]))], relay=[], main=[pd.decode.url],
+        tokenizer=tiny_model, port=PAIR_PORT + 3, pipeline="relay", openai_frontend="builtin")).wait_ready()
+    for seed in (457, 458):
+        ids = prompts.ids(260, seed=seed)
+        out = generate(router.url, greedy_body(ids, 40))
+        meta = ReplyMeta.of(out["meta_info"])
+        assert meta.pipeline == "P->RLD->MD" and meta.handoff_tokens is not None and meta.handoff_tokens >= MIN_EAGER
+        assert out["output_ids"] == greedy_ids(reference_server.url, ids, 40)
+    relayed = {dict(k)["target"]: v for k, v in metric(router.url, "sglang_pdd_router_relayed_total").items()}
+    assert relayed == {"prefill": 2}
 
 
 def test_p_and_md_are_idle_afterwards(pd):

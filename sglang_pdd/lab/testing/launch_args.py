@@ -100,8 +100,8 @@ class RouterConfig:
         a = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation"]
         if self.mini_lb:
             a.append("--mini-lb")
-        for url, bport in self.prefill:
-            a += ["--prefill", url, str(bport)]
+        for url, *ports in self.prefill:  # (url, bootstrap port[, token port: a prefill that relays])
+            a += ["--prefill", url, *map(str, ports)]
         for url in self.decode:
             a += ["--decode", url]
         return a + ["--host", self.host, "--port", str(self.port)]
@@ -136,8 +136,8 @@ class PddRouterConfig:
     def argv(self) -> list[str]:
         a = [sys.executable, "-m", "sglang_pdd.router", "--tokenizer", self.tokenizer,
              "--host", self.host, "--port", str(self.port), "--pipeline", self.pipeline]
-        for url, bport in self.prefill:
-            a += ["--prefill", url, str(bport)]
+        for url, *ports in self.prefill:  # (url, bootstrap port[, token port: a prefill that relays])
+            a += ["--prefill", url, *map(str, ports)]
         for url, tport in self.relay:
             a += ["--relay", url, str(tport)]
         for url in self.main:

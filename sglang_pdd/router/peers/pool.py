@@ -21,7 +21,7 @@ BUSY_TAU_S = 10.0  # the busy fraction's time constant: a few of the load feed's
 class Peer:
     url: str
     bootstrap_port: int | None = None  # P: its PD bootstrap server
-    token_channel: str | None = None  # RLD: tcp://host:port MD connects to
+    token_channel: str | None = None  # RLD, or a P that relays (--pdd-relay local): tcp://host:port MD connects to
     site: str = ""  # MD: the site (cluster) it runs in; its WAN link is that site's
     in_flight: int = 0  # this router's requests on it
     running: float = 0.0  # requests running and queued on it, from its /metrics (every router's)

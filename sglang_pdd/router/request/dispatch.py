@@ -54,8 +54,9 @@ class Dispatcher:
         (`request_text.Decode`); `kept_stop_ids`: stop tokens a text keeps (a tool call's closer)."""
         if cfg.pipeline not in PIPELINE_MODES:
             raise ValueError(f"--pipeline must be one of {PIPELINE_MODES}, got {cfg.pipeline!r}")
-        if cfg.pipeline != "direct" and not relay:
-            raise ValueError(f"--pipeline {cfg.pipeline} needs at least one --relay")
+        if cfg.pipeline != "direct" and not relay and not any(p.token_channel for p in prefill.peers):
+            raise ValueError(f"--pipeline {cfg.pipeline} needs at least one --relay or a prefill that relays "
+                             "(--prefill URL BOOTSTRAP_PORT TOKEN_PORT)")
         self.prefill, self.relay, self.main, self.cfg = prefill, relay, main, cfg
         self.decode, self.policy, self.kept_stop_ids = decode, policy, kept_stop_ids
         self.signer = signer  # signs P's and MD's PDD parameters (protocol.request_auth); None: unsigned
@@ -111,10 +112,12 @@ class Dispatcher:
             chosen, why = self.choose(input_ids, int(sampling_params.get("max_new_tokens") or 128), mc, outcome,
                                       mode=pipeline)
             up = self.placement.in_service()
-            if chosen is not Pipeline.P_MD and not up.relay and up.main:
+            on_p = chosen is Pipeline.P_RLD_MD and p.token_channel is not None  # P relays it itself
+            if chosen is not Pipeline.P_MD and not on_p and not up.relay and up.main:
                 chosen, why = Pipeline.P_MD, f"{why}; no relay in service"  # not a migration spent on a dead RLD
             outcome.pipeline, outcome.reason = chosen, why
-            rld = self.placement.pick_relay(input_ids) if chosen is not Pipeline.P_MD else None
+            rld = p if on_p else self.placement.pick_relay(input_ids) if chosen is not Pipeline.P_MD else None
+            outcome.relay_target = ("prefill" if on_p else "relay") if rld is not None else None
         except LookupError as e:  # a role with no server configured
             raise RequestFailed(str(e), status=503) from None
         if rld is not None:
@@ -177,20 +180,24 @@ class Dispatcher:
                     len(stitcher.ids), d.pipeline.value, d.reason)
         outcome.migrations.append(f.cause)
         exclude = (peer,) if peer is not None else ()
+        relayed_on_p = f.role == "relay" and peer is a.peers.get("prefill")  # P itself failed: not it again
         if same_site:  # nor an MD behind the same WAN
             exclude += tuple(x for x in self.main.peers if x is not peer and x.site == peer.site)
         pipe = d.pipeline
-        peers = {"prefill": self.prefill.pick(exclude if f.role == "prefill" else ()),
+        peers = {"prefill": self.prefill.pick(exclude if f.role == "prefill" or relayed_on_p else ()),
                  "main": self.main.pick(exclude if f.role == "main" else ()) if pipe is Pipeline.P_MD else None,
                  "relay": self.relay.pick(exclude if f.role == "relay" else ()) if pipe is Pipeline.P_RLD else None}
         self.placement.chosen_prefill = peers["prefill"]  # the policy reads the lane of the P the copy uses
         if d.may_relay:  # the resumed request on its new MD, as any request: P->RLD->MD where MD misses much
             resumed = migration.resumed_request(input_ids, sampling_params, stitcher.ids)
             pipe, why = self.choose(resumed[0], int(resumed[1].get("max_new_tokens") or 128), peers["main"], mode=mode)
-            if pipe is not Pipeline.P_MD:  # through a relay (P->RLD alone: odd traffic, as for any request)
-                peers["relay"] = self.relay.pick()
+            on_p = pipe is Pipeline.P_RLD_MD and peers["prefill"].token_channel is not None
+            if pipe is not Pipeline.P_MD and (on_p or self.relay):  # through a relay (P->RLD: odd traffic)
+                peers["relay"] = peers["prefill"] if on_p else self.relay.pick()
                 peers["main"] = peers["main"] if pipe is Pipeline.P_RLD_MD else None
                 logger.info("migration goes %s: %s", pipe.value, why)
+            else:
+                pipe = Pipeline.P_MD
         outcome.migration_pipelines.append(pipe.value)
         stitcher.resume(relayed=pipe is Pipeline.P_RLD_MD)
         del lp[len(stitcher.ids):]
@@ -206,7 +213,8 @@ class Dispatcher:
         rooms = room_plan.new_rooms()
         plan = room_plan.plan({"input_ids": ids, "sampling_params": sp, **extra},
                               a.pipeline, p.host, p.bootstrap_port, rld.token_channel if rld is not None else None,
-                              rooms=rooms, rid=f"pdd-{rooms[0]:x}", signer=self.signer)
+                              rooms=rooms, rid=f"pdd-{rooms[0]:x}", signer=self.signer,
+                              relay_here=rld is not None and rld is p)
         calls = [(name, a.peers[name], body) for name, body in plan.bodies.items()]
         queues, tasks = self.copies.start(calls, a.deadline)
         feed_relay, feed_main = stitcher.feed_relay, stitcher.feed_main

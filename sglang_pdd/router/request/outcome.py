@@ -40,6 +40,7 @@ class Outcome:
     placement: str = ""  # with a TTFT SLA: where the policy put the relay (none, p, pool)
     rule: str = ""  # with a TTFT SLA: the rule that decided (policy.relay_placement.RULES)
     rld_in_flight: int | None = None  # requests in flight on the chosen relay at the decision
+    relay_target: str | None = None  # who relayed it: "relay" (an RLD) or "prefill" (P itself, --pdd-relay local)
     main_choice: MainChoice | None = None  # which MD, and what the choice saw
     migrations: list[str] = field(default_factory=list)  # the cause of each migration, in order
     migration_pipelines: list[str] = field(default_factory=list)  # the pipeline each migration took

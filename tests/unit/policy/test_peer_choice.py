@@ -177,3 +177,13 @@ def test_load_feed_reads_sglangs_gauges():
     assert p.load == 9.0
     assert not load_feed.update(p, "other_metric 1")  # no sglang gauges: the last figures stay
     assert p.running == 6.0
+
+
+def test_cli_a_prefill_that_relays_names_its_token_port():
+    args = build_parser().parse_args(["--prefill", "http://p:1", "9400", "18592", "--prefill", "http://q:2",
+                                      "--main", "http://m:3", "--tokenizer", "x"])
+    ps = _peer_args(args.prefill, "prefill", 8998, "--prefill")
+    assert [(p.url, p.bootstrap_port, p.token_channel) for p in ps] == [
+        ("http://p:1", 9400, "tcp://p:18592"), ("http://q:2", 8998, None)]
+    with pytest.raises(SystemExit, match="BOOTSTRAP_PORT"):
+        _peer_args([["http://p:1", "1", "2", "3"]], "prefill", 8998, "--prefill")

@@ -78,3 +78,19 @@ def test_existing_custom_params_are_kept():
     body = {**BODY, "sampling_params": {**SP, "custom_params": {"other": 1}}}
     p = plan(body, Pipeline.P_RLD_MD, "h", 1, CHANNEL, rooms=(R, R2))
     assert p.bodies["prefill"]["sampling_params"]["custom_params"] == {"other": 1, "pdd": {"v": 1, "main_room": R2}}
+
+
+def test_p_rld_md_relayed_on_p_itself():
+    """A prefill that relays (--pdd-relay local): P and MD share room R; P's copy is the relay's stream."""
+    p = plan(BODY, Pipeline.P_RLD_MD, "10.0.0.1", 8998, CHANNEL, rooms=(R, R2), rid=f"pdd-{R:x}", relay_here=True)
+    assert list(p.bodies) == ["main", "relay"] and (p.room, p.main_room) == (R, R)
+    assert p.bodies == {
+        "main": {**BODY, **BOOT, "bootstrap_room": R, "rid": "pdd-1234-m",
+                 "sampling_params": {**SP, "custom_params": {"pdd": {"v": 1, "relay_room": R, "relay": CHANNEL}}}},
+        "relay": {**BODY, **BOOT, "bootstrap_room": R, "rid": "pdd-1234-r",
+                  "sampling_params": {**SP, "custom_params": {"pdd": {"v": 1, "relay_here": True}}}},
+    }
+    with pytest.raises(ValueError, match="only P->RLD->MD"):
+        plan(BODY, Pipeline.P_MD, "10.0.0.1", 8998, CHANNEL, relay_here=True)
+    with pytest.raises(ValueError, match="token channel"):
+        plan(BODY, Pipeline.P_RLD_MD, "10.0.0.1", 8998, None, relay_here=True)
