@@ -18,7 +18,7 @@ simulator's own): a relay instance with a free slot (`relay_pool`: the router's 
 their load) takes a request whose WAN time is over twice the RTT; else the never-lose rules
 (`policy.never_lose`): P->MD within half the SLA, else a relay on the chosen P only while it has no
 queue (`prefill_state`, which the router's placement reads from P's gauges) and only where P can relay
-(`p_relays`: the router's P cannot yet), else P->MD. By default (no router) P relays and the pool is
+(`p_relays`: the router's chosen P is a prefill that relays, `--pdd-relay local`), else P->MD. By default (no router) P relays and the pool is
 down: the never-lose rules alone.
 """
 
@@ -131,10 +131,10 @@ class PipelinePolicy:
         self.in_service: Callable[[], InService] = InService
         self.prefill_state: Callable[[], PrefillState | None] = lambda: None  # the placement's chosen P
         self.relay_pool: Callable[[], relay_placement.PoolView] = relay_placement.PoolView  # relay instances
-        self.p_relays = True  # the chosen P can host a relay (the router's cannot: `Placement` says so)
+        self.p_relays = True  # the chosen P can host a relay (the router's `Placement` says which P can)
         self.links = links if links is not None else SiteLinks.single(bandwidth, rtt_s)
-        # the relay placement's rules (with a TTFT SLA); relay_slowdown 1: a relay on P is not priced yet
-        # (the router's P does not relay: p_relays)
+        # the relay placement's rules (with a TTFT SLA); relay_slowdown 1: a relay on P is not priced yet (its
+        # decode steps ride between P's prefill steps; their measured cost is issue 45's item 5)
         self._placement_cfg = relay_placement.PlacementConfig(
             never_lose.NeverLoseConfig(wan_budget_s=cfg.ttft_slo_s / 2, p_slack_s=0.0,
                                        odd_output_threshold=cfg.odd_output_threshold, warm_md=False),

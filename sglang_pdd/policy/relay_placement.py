@@ -20,8 +20,8 @@ the router, over what a deployment observes. Two kinds of relay capacity:
    the line is loaded. Whether the pool is up at all is the scale signal's question
    (`policy.relay_pool_scale`), which weighs the requests at risk against the pool's bill.
 3. Otherwise nothing is relayed: the request goes P->MD, as xdc-pd-drc sends it. So does a request
-   P would have relayed when P cannot relay (`p_relays` False: the router's P until the relay on P
-   exists) and the pool has no free slot (rule `no-relay-capacity`).
+   P would have relayed when P cannot relay (`p_relays` False: a router's P without `--pdd-relay local`)
+   and the pool has no free slot (rule `no-relay-capacity`).
 
 Each decision names the rule that made it (`rule`, one of `RULES`: a metric label) beside its
 `reason` (the figures, for a log line).

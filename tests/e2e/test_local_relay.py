@@ -69,6 +69,16 @@ def test_relayed_on_p_seeded_is_identical_and_another_seed_differs(pd, reference
     assert other != want  # control: the seed decides these tokens
 
 
+def test_penalties_on_p_count_its_tokens(pd, reference_server, prompts):
+    ids = prompts.ids(150, seed=459)
+    sp = {"frequency_penalty": 0.8, "presence_penalty": 0.3}
+    want = greedy_ids(reference_server.url, ids, 60, **sp)
+    r = relayed(pd, greedy_body(ids, 60, **sp))
+    assert r.handed_over and r.k >= MIN_EAGER, r.k
+    assert r.tokens == want
+    assert want != greedy_ids(reference_server.url, ids, 60)  # control: the penalties change these tokens
+
+
 def test_concurrent_relays_on_p_are_identical(pd, reference_server, prompts):
     prompts_ids = [prompts.ids(120 + 40 * i, seed=460 + i) for i in range(3)]
     wants = [greedy_ids(reference_server.url, ids, 32) for ids in prompts_ids]

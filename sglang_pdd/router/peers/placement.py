@@ -7,7 +7,8 @@ is the scarce pool the adaptive handoff protects). The scoring is `policy.peer_c
 only gathers each candidate's inputs and keeps the router's cache views. It also tells the pipeline
 policy which roles have a server in service (`in_service`): with every MD out, a request goes P->RLD;
 and what relay capacity there is (`relay_pool`: the RLDs in service are the relay pool, their free slots
-what `relay_slots` and their load leave; P does not relay yet).
+what `relay_slots` and their load leave; a P that relays, `--pdd-relay local`, hosts the relay itself:
+`chose_prefill` tells the policy, `p_relays`).
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ class Placement:
         if self.policy is not None:
             self.policy.in_service = self.in_service
             self.policy.prefill_state = self.prefill_state
-            self.policy.relay_pool, self.policy.p_relays = self.relay_pool, False
+            self.policy.relay_pool, self.policy.p_relays = self.relay_pool, False  # until a P is chosen
             # plain PD to these crosses the WAN (the bandwidth feed learns from P->MD's transfers)
             lan = {p.host for p in self.prefill.peers + self.relay.peers}
             self.policy.links.wan_hosts = frozenset(p.host for p in self.main.peers if p.host not in lan)
@@ -112,8 +113,15 @@ class Placement:
         cands = pool.candidates([{"hit": self.prefill_views[p.url].match(ids)} for p in pool.peers], exclude)
         peer, _ = pool.choose(cands, len(ids))
         self.prefill_views[peer.url].insert(list(ids))
-        self.chosen_prefill = peer
+        self.chose_prefill(peer)
         return peer
+
+    def chose_prefill(self, peer: Peer) -> None:
+        """The request being placed runs on `peer`: the policy reads its lane and queue, and whether it can
+        host the relay itself (a prefill that relays: `--prefill URL BOOTSTRAP_PORT TOKEN_PORT`)."""
+        self.chosen_prefill = peer
+        if self.policy is not None:
+            self.policy.p_relays = peer.token_channel is not None
 
     def pick_main(self, ids: list[int], exclude: tuple[Peer, ...] = ()) -> MainChoice:
         pool, kvb = self.main, self.policy.cfg.kv_bytes_per_token if self.policy is not None else None

@@ -112,7 +112,10 @@ class Dispatcher:
             chosen, why = self.choose(input_ids, int(sampling_params.get("max_new_tokens") or 128), mc, outcome,
                                       mode=pipeline)
             up = self.placement.in_service()
-            on_p = chosen is Pipeline.P_RLD_MD and p.token_channel is not None  # P relays it itself
+            if chosen is Pipeline.P_RLD and outcome.placement == "p" and p.token_channel is not None and up.main:
+                chosen, why = Pipeline.P_RLD_MD, f"{why}; a relay on P hands over to MD"  # P's relay needs its MD
+            # P relays it itself: a P that relays, unless the relay placement (--ttft-slo-secs) chose the RLD pool
+            on_p = chosen is Pipeline.P_RLD_MD and p.token_channel is not None and outcome.placement != "pool"
             if chosen is not Pipeline.P_MD and not on_p and not up.relay and up.main:
                 chosen, why = Pipeline.P_MD, f"{why}; no relay in service"  # not a migration spent on a dead RLD
             outcome.pipeline, outcome.reason = chosen, why
@@ -187,7 +190,7 @@ class Dispatcher:
         peers = {"prefill": self.prefill.pick(exclude if f.role == "prefill" or relayed_on_p else ()),
                  "main": self.main.pick(exclude if f.role == "main" else ()) if pipe is Pipeline.P_MD else None,
                  "relay": self.relay.pick(exclude if f.role == "relay" else ()) if pipe is Pipeline.P_RLD else None}
-        self.placement.chosen_prefill = peers["prefill"]  # the policy reads the lane of the P the copy uses
+        self.placement.chose_prefill(peers["prefill"])  # the policy reads the lane of the P the copy uses
         if d.may_relay:  # the resumed request on its new MD, as any request: P->RLD->MD where MD misses much
             resumed = migration.resumed_request(input_ids, sampling_params, stitcher.ids)
             pipe, why = self.choose(resumed[0], int(resumed[1].get("max_new_tokens") or 128), peers["main"], mode=mode)

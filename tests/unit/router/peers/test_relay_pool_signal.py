@@ -88,6 +88,24 @@ def test_a_full_pool_relays_nothing_and_the_decision_says_why():
     assert "pool full" in d.reason
 
 
+def test_a_full_pool_relays_on_a_prefill_that_relays():
+    """The same full pool, but the chosen P relays (--pdd-relay local, named with its token port): the relay
+    goes on P (rule hides-wan on P's never-lose rules), and a P without one sends the request P->MD."""
+    rld = Peer("http://r:1", token_channel="tcp://r:2")
+    local = Peer("http://p:1", bootstrap_port=1, token_channel="tcp://p:18592")
+    plain = Peer("http://q:1", bootstrap_port=1)
+    pl = Placement(PeerPool("prefill", [local, plain]), PeerPool("relay", [rld]),
+                   PeerPool("main", [Peer("http://md:1")]), _policy(), relay_slots=2)
+    _gauges(rld, 2, 0.1)  # full
+    cold = RouteInputs(input_len=400, md_prefix_hit=0, max_output_tokens=1000)
+    pl.chose_prefill(local)
+    d = pl.policy.decide(cold)
+    assert (d.pipeline, d.placement) == (Pipeline.P_RLD_MD, "p") and pl.policy.p_relays
+    pl.chose_prefill(plain)
+    d = pl.policy.decide(cold)
+    assert (d.pipeline, d.placement, d.rule) == (Pipeline.P_MD, "none", NO_RELAY_CAPACITY)  # the control
+
+
 def test_over_http_the_decisions_and_the_scale_signal_are_metrics():
     cfg = DispatchConfig("auto", request_timeout_s=60.0, bandwidth_poll_s=0, load_poll_s=0,
                          idle_timeout_s={r: 30.0 for r in ("prefill", "relay", "main")}, migration_limit=1,
