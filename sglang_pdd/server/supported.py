@@ -100,6 +100,9 @@ def unsupported_kv_pool(cfg: PddConfig, pool: Any) -> str | None:
     if isinstance(pool, DSATokenToKVPool):  # an MLATokenToKVPool subclass
         return (f"{role} does not run on sparse indexed attention (DSA/NSA, DeepSeek-V3.2 class), this model's KV "
                 f"pool is {kind} (not proven with PDD): serve this model without --pdd-role")
+    if isinstance(pool, MLATokenToKVPool) and cfg.relays_locally:
+        return (f"--pdd-relay local is proven on MHA KV pools only, this model's KV pool is {kind} (a relay on P "
+                "over latent KV is not tested yet): drop --pdd-relay local (relay through a RelayDecode instance)")
     if isinstance(pool, (MHATokenToKVPool, MLATokenToKVPool)):
         return None
     return (f"{role} runs only on sglang's MHA and MLA KV pools (MHA, GQA, MQA or DeepSeek-style latent "

@@ -163,6 +163,16 @@ def test_the_packed_wan_path_runs_on_mla_pools_and_still_refuses_dsa(role):
     assert "DSA/NSA" in supported.unsupported_kv_pool(cfg, _pool(memory_pool.DSATokenToKVPool))
 
 
+def test_a_prefill_that_relays_refuses_an_mla_pool_until_it_is_proven_there():
+    from sglang.srt.mem_cache import memory_pool
+
+    from sglang_pdd.server.roles import Role
+
+    cfg = config.PddConfig(role=Role.PREFILL, relay="local", token_port=18592)
+    assert "--pdd-relay local" in supported.unsupported_kv_pool(cfg, _pool(memory_pool.MLATokenToKVPool))
+    assert supported.unsupported_kv_pool(cfg, _pool(memory_pool.MHATokenToKVPool)) is None
+
+
 RELAYING_P = ["--pdd-role", "prefill", "--disaggregation-mode", "prefill", "--pdd-relay", "local",
               "--pdd-token-port", "18592"]
 
