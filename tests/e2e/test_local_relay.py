@@ -72,11 +72,11 @@ def test_relayed_on_p_seeded_is_identical_and_another_seed_differs(pd, reference
 def test_penalties_on_p_count_its_tokens(pd, reference_server, prompts):
     ids = prompts.ids(150, seed=459)
     sp = {"frequency_penalty": 0.8, "presence_penalty": 0.3}
-    want = greedy_ids(reference_server.url, ids, 60, **sp)
-    r = relayed(pd, greedy_body(ids, 60, **sp))
+    want = greedy_ids(reference_server.url, ids, 200, **sp)
+    r = relayed(pd, greedy_body(ids, 200, **sp))
     assert r.handed_over and r.k >= MIN_EAGER, r.k
     assert r.tokens == want
-    assert want != greedy_ids(reference_server.url, ids, 60)  # control: the penalties change these tokens
+    assert want != greedy_ids(reference_server.url, ids, 200)  # control: the penalties change these tokens
 
 
 def test_concurrent_relays_on_p_are_identical(pd, reference_server, prompts):
