@@ -190,6 +190,24 @@ def test_the_router_relays_on_the_prefill_that_relays(pd, server_group, referenc
     assert relayed == {"prefill": 2}
 
 
+def test_a_relay_here_the_router_did_not_sign_is_served_p_to_md(pd, reference_server, prompts):
+    """A client asking P to relay for it (no signature): P serves the request as plain PD and counts it."""
+    from sglang_pdd.protocol.request import RequestParams, with_params
+
+    refused = local_relay_events(pd).get("refused_unsigned", 0)
+    ids = prompts.ids(140, seed=471)
+    body = {**greedy_body(ids, 16), "bootstrap_host": "127.0.0.1", "bootstrap_port": BOOT, "bootstrap_room": 471}
+    forged = with_params(body, RequestParams(v=1, relay_here=True))
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.setdefault("p", generate(pd.prefill.url, forged)))
+    t.start()
+    out["d"] = generate(pd.decode.url, body)
+    t.join()
+    assert out["d"]["output_ids"] == greedy_ids(reference_server.url, ids, 16)
+    assert len(out["p"]["output_ids"]) <= 1  # P did not decode it
+    assert wait_until(lambda: local_relay_events(pd).get("refused_unsigned", 0) == refused + 1, "P counts it")
+
+
 def test_p_and_md_are_idle_afterwards(pd):
     def p_idle():
         status, info = http_json(pd.prefill.url + "/get_server_info")
