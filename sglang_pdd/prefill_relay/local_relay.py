@@ -25,7 +25,7 @@ import logging
 from typing import Any, Callable
 
 from sglang_pdd.config import PddConfig
-from sglang_pdd.decode.relay.handoff import RelayHandoff, no_hold
+from sglang_pdd.decode.relay.handoff import RelayHandoff, no_hold, output_logprobs
 from sglang_pdd.decode.relay.runtime import handoff_finish
 from sglang_pdd.policy.handoff_mode import HandoffModeConfig, HandoffModePolicy
 from sglang_pdd.prefill_relay.held_rows import HeldRows
@@ -36,6 +36,7 @@ from sglang_pdd.protocol.channel import RelayChannel
 from sglang_pdd.protocol.request import RequestParamsError, parse
 from sglang_pdd.protocol.request_auth import ParamsVerifier
 from sglang_pdd.server import idle_wait, metrics
+from sglang_pdd.transfer import pool_state
 
 logger = logging.getLogger(__name__)
 
@@ -65,9 +66,9 @@ class LocalRelay:
         self.handoff = RelayHandoff(self.channel, timeout_s=cfg.handoff_timeout, policy=policy, hold=hold)
         self.verifier = ParamsVerifier(secret)
         self.batch = RelayBatch(scheduler)
-        self.rows = HeldRows(scheduler.tree_cache)
         self.relayed: dict[str, Any] = {}  # rid -> request P took over after its prefill, until it ends
         self.transfers: dict[str, Any] = {}  # rid -> relayed request whose KV transfer to MD is not over
+        self.rows = HeldRows(scheduler.tree_cache, pending=self.transfers.__contains__)
         self.order = StepOrder()
         idle_wait.watch(scheduler, self.channel.sock)  # MD's Ready ends an idle wait
         logger.info("sglang-pdd prefill: relays locally, token channel on %s", self.channel.address)
@@ -95,7 +96,6 @@ class LocalRelay:
                 continue  # (prefilled before MD's handshake: refused at start-up, server.supported)
             self.relayed[req.rid] = req
             self.transfers[req.rid] = req
-            self.rows.transfer_pending(req)
             self.handoff.track(req)
             # sglang's prefill queue set max_new_tokens to 1 (PrefillBootstrapQueue._process_req); P decodes it now
             req.sampling_params.max_new_tokens = getattr(req, MAX_NEW_TOKENS_ATTR, 1)
@@ -133,9 +133,7 @@ class LocalRelay:
 
     def admits(self) -> bool:
         """Whether P's free KV covers the relays' next HORIZON steps twice over, this one's included."""
-        s = self.s
-        free = s.token_to_kv_pool_allocator.available_size() + s.tree_cache.evictable_size()
-        return free >= 2 * HORIZON * (self.batch.decoding() + 1)
+        return pool_state.free_kv(self.s) >= 2 * HORIZON * (self.batch.decoding() + 1)
 
     # -- sglang's inflight queue ------------------------------------------------------------
     def poll_transfers(self, original: Callable, *a, **kw) -> Any:
@@ -167,7 +165,7 @@ class LocalRelay:
         req.disagg_kv_sender.clear()
         maybe_release_metadata_buffer(req, s.req_to_metadata_buffer_idx_allocator)
         self.transfers.pop(req.rid, None)
-        if self.rows.transfer_over(req):
+        if self.rows.release(req):
             self._forget(req)
         return True
 
@@ -183,44 +181,39 @@ class LocalRelay:
     def is_decoding(self, req: Any) -> bool:
         return self.batch.has(req)
 
-    def output_logprobs(self, req: Any, start: int, end: int) -> list[float] | None:
-        if not req.return_logprob:
-            return None
-        vals = list(req.logprob.output_token_logprobs_val or [])
-        return [float(v) for v in vals[start:end]] if len(vals) >= end else None
+    output_logprobs = staticmethod(output_logprobs)
 
     def load(self) -> tuple[int, float]:
-        s = self.s
-        total = max(1, int(s.max_total_num_tokens))
-        free = s.token_to_kv_pool_allocator.available_size() + s.tree_cache.evictable_size()
-        return self.batch.decoding(), min(1.0, max(0.0, 1.0 - free / total))
+        return self.batch.decoding(), pool_state.kv_usage(self.s)
 
     def finish_with_handoff(self, req: Any, handoff_tokens: int, mode: str = "one-shot") -> None:
         """End P's copy between two steps: its stream carries exactly its first `handoff_tokens` tokens."""
-        from sglang.srt.mem_cache.common import release_kv_cache
-
-        req.finished_reason = handoff_finish(handoff_tokens, mode)
-        self.s.output_streamer.stream_output([req], req.return_logprob)
-        release_kv_cache(req, self.s.tree_cache, checkpoint=False)  # held while its transfer is not over
-        req.time_stats.set_completion_time()
-        self.batch.drop_parked(req)  # a decoding one leaves the batch at its next step
+        self._end_now(req, handoff_finish(handoff_tokens, mode))
         metrics.record_handoff(ROLE, handoff_tokens)
 
     def on_abort(self, rid: str, abort_all: bool = False) -> None:
         """sglang's abort reached P: a relayed request ends at its next step (parked: now)."""
         from sglang.srt.managers.schedule_batch import FINISH_ABORT
-        from sglang.srt.mem_cache.common import release_kv_cache
 
         for req in list(self.relayed.values()):
             if req.finished() or not (abort_all or req.rid.startswith(rid)):
                 continue
-            req.to_finish = FINISH_ABORT()
             metrics.record_local_relay("aborted")
             if any(r is req for r in self.batch.parked):
-                req.finished_reason, req.to_finish = req.to_finish, None
-                self.s.output_streamer.stream_output([req], req.return_logprob)
-                release_kv_cache(req, self.s.tree_cache, checkpoint=False)
-                self.batch.drop_parked(req)
+                self._end_now(req, FINISH_ABORT())
+            else:
+                req.to_finish = FINISH_ABORT()
+
+    def _end_now(self, req: Any, reason: Any) -> None:
+        """End P's copy between two steps with `reason`: streamed, its row released (held while its transfer
+        is not over); a decoding one leaves the batch at its next step."""
+        from sglang.srt.mem_cache.common import release_kv_cache
+
+        req.finished_reason = reason
+        self.s.output_streamer.stream_output([req], req.return_logprob)
+        release_kv_cache(req, self.s.tree_cache, checkpoint=False)
+        req.time_stats.set_completion_time()
+        self.batch.drop_parked(req)
 
     def _forget(self, req: Any) -> None:
         self.relayed.pop(req.rid, None)

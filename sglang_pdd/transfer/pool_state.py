@@ -21,6 +21,16 @@ def rows_total(rows: Any) -> int:
     return int(rows.size) + int(getattr(rows, "pre_alloc_size", 0) or 0)
 
 
+def free_kv(scheduler: Any) -> int:
+    """KV slots a scheduler can hand out now: free, or held only by its radix cache (evictable)."""
+    return int(scheduler.token_to_kv_pool_allocator.available_size()) + int(scheduler.tree_cache.evictable_size())
+
+
+def kv_usage(scheduler: Any) -> float:
+    """The share of a scheduler's KV pool not free to hand out (0..1)."""
+    return min(1.0, max(0.0, 1.0 - free_kv(scheduler) / max(1, int(scheduler.max_total_num_tokens))))
+
+
 def pool_counts(scheduler: Any) -> dict[str, int]:
     """A scheduler's KV slots (total, available, evictable, protected) and request rows (free, total)."""
     return {

@@ -37,6 +37,26 @@ def relayed(pd, body):
     return local_relayed_generate(pd.prefill.url, pd.decode.url, "127.0.0.1", BOOT, PAIR_P_RELAY, body)
 
 
+def plain_pd(pd, to_p: dict, to_md: dict) -> tuple[dict, dict]:
+    """P's and MD's replies to one PD request sent to both at once (each body with its bootstrap fields)."""
+    out: dict = {}
+
+    def call(name, url, body):
+        try:
+            out[name] = generate(url, body)
+        except Exception as e:
+            out[name] = e
+
+    t = threading.Thread(target=call, args=("p", pd.prefill.url, to_p))
+    t.start()
+    call("md", pd.decode.url, to_md)
+    t.join()
+    for name in ("p", "md"):
+        if isinstance(out[name], Exception):
+            raise out[name]
+    return out["p"], out["md"]
+
+
 def p_handoffs(pd) -> float:
     return sum(v for k, v in metric(pd.prefill.url, "sglang_pdd_handoffs_total").items() if dict(k).get("role") == "prefill")
 
@@ -113,13 +133,9 @@ def test_a_p_short_of_kv_parks_the_request_and_hands_md_its_first_token(pd, refe
 def test_plain_pd_through_the_relaying_p_is_untouched(pd, reference_server, prompts):
     ids = prompts.ids(150, seed=470)
     body = {**greedy_body(ids, 16), "bootstrap_host": "127.0.0.1", "bootstrap_port": BOOT, "bootstrap_room": 470}
-    out: dict = {}
-    t = threading.Thread(target=lambda: out.setdefault("p", generate(pd.prefill.url, body)))
-    t.start()
-    out["d"] = generate(pd.decode.url, body)
-    t.join()
-    assert out["d"]["output_ids"] == greedy_ids(reference_server.url, ids, 16)
-    assert len(out["p"]["output_ids"]) <= 1  # P did not decode it
+    p_out, d_out = plain_pd(pd, body, body)
+    assert d_out["output_ids"] == greedy_ids(reference_server.url, ids, 16)
+    assert len(p_out["output_ids"]) <= 1  # P did not decode it
 
 
 def test_relayed_on_p_streamed_with_logprobs_is_identical(pd, reference_server, prompts):
@@ -197,14 +213,9 @@ def test_a_relay_here_the_router_did_not_sign_is_served_p_to_md(pd, reference_se
     refused = local_relay_events(pd).get("refused_unsigned", 0)
     ids = prompts.ids(140, seed=471)
     body = {**greedy_body(ids, 16), "bootstrap_host": "127.0.0.1", "bootstrap_port": BOOT, "bootstrap_room": 471}
-    forged = with_params(body, RequestParams(v=1, relay_here=True))
-    out: dict = {}
-    t = threading.Thread(target=lambda: out.setdefault("p", generate(pd.prefill.url, forged)))
-    t.start()
-    out["d"] = generate(pd.decode.url, body)
-    t.join()
-    assert out["d"]["output_ids"] == greedy_ids(reference_server.url, ids, 16)
-    assert len(out["p"]["output_ids"]) <= 1  # P did not decode it
+    p_out, d_out = plain_pd(pd, with_params(body, RequestParams(v=1, relay_here=True)), body)
+    assert d_out["output_ids"] == greedy_ids(reference_server.url, ids, 16)
+    assert len(p_out["output_ids"]) <= 1  # P did not decode it
     assert wait_until(lambda: local_relay_events(pd).get("refused_unsigned", 0) == refused + 1, "P counts it")
 
 

@@ -19,6 +19,7 @@ from sglang_pdd.protocol.request_auth import ParamsVerifier
 from sglang_pdd.decode.rank_sync import Abort as RankAbort
 from sglang_pdd.decode.rank_sync import Extend, ExtendItem, Hold, RankSync, Refuse, Round
 from sglang_pdd.decode.request_errors import end_queued
+from sglang_pdd.transfer import pool_state
 
 logger = logging.getLogger(__name__)
 
@@ -199,7 +200,7 @@ class MainRuntime(DecodeRole):
         if free_rows <= 0:
             return None, running_batch
         page = max(1, s.token_to_kv_pool_allocator.page_size)
-        budget = s.token_to_kv_pool_allocator.available_size() + s.tree_cache.evictable_size()
+        budget = pool_state.free_kv(s)
 
         def cost(p):
             return extend_batch.slots_needed(len(p.req.origin_input_ids) + p.have, len(p.tokens), page)

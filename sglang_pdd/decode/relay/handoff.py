@@ -88,6 +88,14 @@ def no_hold(req: Any) -> bool:
     return False
 
 
+def output_logprobs(req: Any, start: int, end: int) -> list[float] | None:
+    """The logprobs of a request's output tokens start..end, None without them (RelayOps.output_logprobs)."""
+    if not req.return_logprob:
+        return None
+    vals = list(req.logprob.output_token_logprobs_val or [])
+    return [float(v) for v in vals[start:end]] if len(vals) >= end else None
+
+
 def finish_type(req: Any) -> str:
     reason = getattr(req, "finished_reason", None)
     try:

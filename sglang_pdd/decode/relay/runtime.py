@@ -13,7 +13,8 @@ from sglang_pdd.protocol import keys
 from sglang_pdd.protocol.channel import RelayChannel
 from sglang_pdd.protocol.handoff_finish import HandoffFinish
 from sglang_pdd.decode.rank_sync import Finish, RankSync
-from sglang_pdd.decode.relay.handoff import RelayHandoff, no_hold
+from sglang_pdd.decode.relay.handoff import RelayHandoff, no_hold, output_logprobs
+from sglang_pdd.transfer import pool_state
 from sglang_pdd.policy.handoff_mode import HandoffModeConfig, HandoffModePolicy
 
 logger = logging.getLogger(__name__)
@@ -67,17 +68,10 @@ class RelayRuntime(DecodeRole):
         s = self.scheduler
         return any(r is req for r in s.running_batch.reqs) or any(r is req for r in s.waiting_queue)
 
-    def output_logprobs(self, req: Any, start: int, end: int) -> list[float] | None:
-        if not req.return_logprob:
-            return None
-        vals = list(req.logprob.output_token_logprobs_val or [])
-        return [float(v) for v in vals[start:end]] if len(vals) >= end else None
+    output_logprobs = staticmethod(output_logprobs)
 
     def load(self) -> tuple[int, float]:
-        s = self.scheduler
-        total = max(1, int(s.max_total_num_tokens))
-        free = s.token_to_kv_pool_allocator.available_size() + s.tree_cache.evictable_size()
-        return len(s.running_batch.reqs), min(1.0, max(0.0, 1.0 - free / total))
+        return len(self.scheduler.running_batch.reqs), pool_state.kv_usage(self.scheduler)
 
     def finish_with_handoff(self, req: Any, handoff_tokens: int, mode: str = "one-shot") -> None:
         """End the request now, between two decode steps: its stream carries exactly its first

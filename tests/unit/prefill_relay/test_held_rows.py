@@ -33,23 +33,24 @@ def released(monkeypatch):
 
 def test_a_request_ending_while_its_transfer_runs_keeps_its_row_until_the_transfer_is_over(released):
     tree = SimpleNamespace(claim_kv_row=lambda req: False)
-    rows = HeldRows(tree)
+    transfers = {"a"}
+    rows = HeldRows(tree, pending=transfers.__contains__)
     a = Req("a")
-    rows.transfer_pending(a)
     assert tree.claim_kv_row(a) is True  # sglang's release_kv_cache then frees nothing
     assert a.kv.row is None and len(rows) == 1
-    assert rows.transfer_over(a) is True
+    transfers.discard("a")
+    assert rows.release(a) is True
     assert released == [("a", "a", False)] and len(rows) == 0  # the request's own row, released once
 
 
 def test_other_requests_go_to_the_caches_own_claim(released):
     asked = []
     tree = SimpleNamespace(claim_kv_row=lambda req: asked.append(req.rid) or False)
-    rows = HeldRows(tree)
+    transfers = set()
+    rows = HeldRows(tree, pending=transfers.__contains__)
     b = Req("b")
     assert tree.claim_kv_row(b) is False and asked == ["b"]
-    rows.transfer_pending(b)
-    assert rows.transfer_over(b) is False  # its transfer ended before the request did: nothing held
+    assert rows.release(b) is False  # its transfer ended before the request did: nothing held
     assert tree.claim_kv_row(b) is False and asked == ["b", "b"]  # its end releases it as sglang would
     assert released == []
 
